@@ -1,0 +1,42 @@
+"""Command-line entry point shared by every recipe: ``python recipes/<algo>.py [preset=...] [key=value ...]``."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+from acer_torchrl.checkpoint import CheckpointError
+from acer_torchrl.config import ConfigError, load_config
+
+USER_ERRORS = (ConfigError, CheckpointError)
+
+
+def run(recipe: str, overrides: list[str]) -> dict:
+    """Build the config of ``recipe`` with ``overrides`` and train; returns the run's summary dict."""
+    from acer_torchrl.trainer import train
+
+    return train(load_config(recipe, overrides))
+
+
+def main(recipe: str, argv: list[str] | None = None) -> int:
+    """Run a recipe from the command line; user errors end with one line on stderr and exit code 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        print(f"usage: python recipes/{recipe}.py [preset=NAME] [key=value ...]  (see README)")
+        return 0
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    from acer_torchrl.envs import EnvError
+    from acer_torchrl.trainer import TrainingError
+
+    try:
+        summary = run(recipe, argv)
+    except (*USER_ERRORS, EnvError, TrainingError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"{summary['algorithm']} on {summary['env']}: {summary['env_steps']} env steps, greedy return "
+        f"{summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}, {summary['wall_time_s']:.0f} s "
+        f"({summary['env_steps_per_s']:.0f} steps/s); run dir {summary['run_dir']}"
+    )
+    return 0

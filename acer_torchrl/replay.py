@@ -1,0 +1,325 @@
+"""Episode-aligned experience replay on TorchRL's ``TensorDictReplayBuffer``.
+
+Steps arrive from the collectors in chunks, one contiguous run of steps per trajectory, interleaved across
+workers and envs. Each step lands in one slot of a ring-buffer storage (``LazyTensorStorage``, or
+``LazyMemmapStorage`` for large Atari buffers). Beside the storage, per-slot links record the episode a slot
+belongs to, its position in that episode and the slots of the previous / next step, so that
+
+* sequences ``[B, T]`` are gathered by following ``next`` links and never cross an episode boundary
+  (a sequence reaching its episode's last stored step is padded; ``"mask"`` marks the real steps);
+* the oldest episodes are evicted whole: when the writer overwrites any step of an episode, the episode's
+  remaining steps stop being sampled at once (no half episodes are ever seen);
+* the recurrent state at a sequence's first step can be recomputed exactly by unrolling the *current*
+  network from its episode's first step (LASER App. A.2; :meth:`EpisodeReplay.refresh_recurrent_state`).
+
+Loops here run over time (sequence length, episode prefix) or over the few trajectories of one collected
+batch, never over the elements of a training batch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
+
+TRAJ_KEY = ("collector", "traj_ids")
+SLOT_KEY = "slot"  # storage slot of every sampled step
+MASK_KEY = "mask"  # False on padding steps past the end of a sequence's episode
+_LINKS = ("episode", "position", "prev", "next", "first", "alive")
+
+
+def as_rows(batch: TensorDictBase) -> TensorDictBase:
+    """A collected batch as ``[n_trajectory_rows, T]`` (one row per env, time last)."""
+    if batch.ndim == 1:
+        return batch.unsqueeze(0)
+    return batch.reshape(-1, batch.shape[-1])
+
+
+class EpisodeReplay:
+    """Whole-episode FIFO replay sampling sequences or single steps.
+
+    Args:
+        capacity: steps held.
+        scratch_dir: when given, memory-mapped storage in that directory (RAM stays small for Atari).
+        exclude_keys: keys of collected steps not worth storing.
+        seed: sampling seed.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        scratch_dir: str | Path | None = None,
+        exclude_keys: tuple = (),
+        seed: int = 0,
+    ):
+        self.capacity = capacity
+        storage = (
+            LazyMemmapStorage(capacity, scratch_dir=str(scratch_dir))
+            if scratch_dir is not None
+            else LazyTensorStorage(capacity)
+        )
+        self.buffer = TensorDictReplayBuffer(storage=storage)
+        self.exclude_keys = tuple(exclude_keys)
+        self.generator = torch.Generator().manual_seed(seed)
+        long = dict(dtype=torch.long)
+        self.episode = torch.full((capacity,), -1, **long)  # episode id of each slot
+        self.position = torch.zeros(capacity, **long)  # step index of the slot inside its episode
+        self.prev = torch.full((capacity,), -1, **long)
+        self.next = torch.full((capacity,), -1, **long)
+        self.first = torch.full((capacity,), -1, **long)  # slot of the episode's first stored step
+        self.alive = torch.zeros(capacity, dtype=torch.bool)
+        self.episodes_started = 0
+        self.steps_written = 0
+        # trajectory id -> (episode id, slot of its last stored step, steps stored so far)
+        self._open: dict[int, tuple[int, int, int]] = {}
+        self._alive_slots: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ writing
+    def __len__(self) -> int:
+        return int(self.alive.sum())
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.episode[self.alive].unique().numel())
+
+    def extend(self, batch: TensorDictBase) -> torch.Tensor:
+        """Store a collected batch (``[T]`` or ``[n_envs, T]``); returns the slots written, row-major."""
+        rows = as_rows(batch)
+        traj = rows.get(TRAJ_KEY)
+        done = rows.get(("next", "done")).reshape(traj.shape)
+        flat = rows.exclude(*self.exclude_keys).reshape(-1)
+        n_rows, T = traj.shape
+        if flat.numel() > self.capacity:
+            raise ValueError(f"a collected batch of {flat.numel()} steps exceeds replay.capacity={self.capacity}")
+        # slots the round-robin writer will use: evict the episodes living there first
+        start = self.steps_written % self.capacity
+        slots = (start + torch.arange(flat.numel())) % self.capacity
+        self._evict(slots)
+        written = self.buffer.extend(flat)
+        assert torch.equal(written.reshape(-1), slots), "replay writer is not round robin"
+        self.steps_written += flat.numel()
+
+        # chunk boundaries: a new trajectory id, or a new row
+        traj_flat = traj.reshape(-1)
+        new_chunk = torch.ones_like(traj_flat, dtype=torch.bool)
+        new_chunk[1:] = traj_flat[1:] != traj_flat[:-1]
+        new_chunk[::T] = True
+        starts = new_chunk.nonzero().squeeze(-1).tolist() + [traj_flat.numel()]
+        done_flat = done.reshape(-1)
+        for a, b in zip(starts[:-1], starts[1:]):  # one iteration per trajectory chunk
+            tid = int(traj_flat[a])
+            chunk = slots[a:b]
+            if tid in self._open:
+                ep, last, count = self._open[tid]
+                alive = bool(self.alive[last]) and int(self.episode[last]) == ep
+                first = int(self.first[last])
+                if alive:
+                    self.next[last] = chunk[0]
+                    self.prev[chunk[0]] = last
+            else:
+                ep, count, alive, first = self.episodes_started, 0, True, int(chunk[0])
+                self.episodes_started += 1
+                self.prev[chunk[0]] = -1
+            n = b - a
+            self.episode[chunk] = ep
+            self.position[chunk] = count + torch.arange(n)
+            self.first[chunk] = first
+            self.prev[chunk[1:]] = chunk[:-1]
+            self.next[chunk[:-1]] = chunk[1:]
+            self.next[chunk[-1]] = -1
+            self.alive[chunk] = alive
+            if bool(done_flat[b - 1]):
+                self._open.pop(tid, None)
+            else:
+                self._open[tid] = (ep, int(chunk[-1]), count + n)
+        self._alive_slots = None
+        return slots
+
+    def _evict(self, slots: torch.Tensor) -> None:
+        """Kill every episode that has a step in ``slots`` (whole-episode FIFO eviction)."""
+        victims = self.episode[slots][self.alive[slots]].unique()
+        if victims.numel():
+            self.alive &= ~torch.isin(self.episode, victims)
+
+    # ------------------------------------------------------------------ reading
+    def _sample_starts(self, n: int) -> torch.Tensor:
+        if self._alive_slots is None:
+            self._alive_slots = self.alive.nonzero().squeeze(-1)
+        if self._alive_slots.numel() == 0:
+            raise RuntimeError("cannot sample from an empty replay")
+        pick = torch.randint(self._alive_slots.numel(), (n,), generator=self.generator)
+        return self._alive_slots[pick]
+
+    def follow(self, starts: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots of ``length`` consecutive steps from ``starts`` within their episodes, and their mask.
+
+        Past an episode's last stored step the slot repeats and the mask is False.
+        """
+        idx = torch.empty(starts.numel(), length, dtype=torch.long)
+        mask = torch.empty(starts.numel(), length, dtype=torch.bool)
+        idx[:, 0], mask[:, 0] = starts, True
+        for j in range(1, length):  # loop over time, vectorised over the batch
+            nxt = self.next[idx[:, j - 1]]
+            mask[:, j] = mask[:, j - 1] & (nxt >= 0)
+            idx[:, j] = torch.where(mask[:, j], nxt, idx[:, j - 1])
+        return idx, mask
+
+    def gather(self, idx: torch.Tensor) -> TensorDictBase:
+        """Stored steps at slots ``idx`` (any shape), with their slot numbers under ``"slot"``."""
+        data = self.buffer.storage.get(idx.reshape(-1)).reshape(idx.shape)
+        data.set(SLOT_KEY, idx)
+        return data
+
+    def sample_sequences(self, batch_size: int, seq_len: int) -> TensorDictBase:
+        """``[batch_size, seq_len]`` sequences starting at uniformly drawn stored steps."""
+        idx, mask = self.follow(self._sample_starts(batch_size), seq_len)
+        data = self.gather(idx)
+        data.set(MASK_KEY, mask)
+        return data
+
+    def sample_steps(self, batch_size: int) -> TensorDictBase:
+        """``[batch_size]`` single steps drawn uniformly (V-RACER's single-step replay)."""
+        return self.gather(self._sample_starts(batch_size))
+
+    def episode_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """All stored steps of the episodes of ``slots``: ``[N, L]`` slots (from each episode's first
+        stored step, L the longest of those episodes) and their mask."""
+        firsts = self.first[slots]
+        length = int(self._episode_length(firsts).max()) if slots.numel() else 0
+        return self.follow(firsts, max(length, 1))
+
+    def _episode_length(self, firsts: torch.Tensor) -> torch.Tensor:
+        alive = self.alive & (self.first >= 0)
+        counts = torch.zeros(self.capacity, dtype=torch.long)
+        counts.index_add_(0, self.first[alive], torch.ones_like(self.first[alive]))
+        return counts[firsts]
+
+    def update(self, slots: torch.Tensor, values: TensorDictBase) -> None:
+        """Write ``values`` (some keys only) into the stored steps at ``slots`` (V-RACER's write-back)."""
+        stored = self.buffer.storage._storage  # the storage's TensorDict; the public API writes whole steps
+        for key, value in values.items(include_nested=True, leaves_only=True):
+            stored.get(key)[slots] = value.to(stored.get(key).dtype)
+
+    def column(self, key, alive_only: bool = True) -> torch.Tensor:
+        """One stored key over the replay (for statistics over the whole replay, e.g. ReF-ER's far share)."""
+        values = self.buffer.storage._storage.get(key)[: min(self.steps_written, self.capacity)]
+        if alive_only:
+            values = values[self.alive[: values.shape[0]]]
+        return values
+
+    # ------------------------------------------------------------------ recurrent state
+    @torch.no_grad()
+    def refresh_recurrent_state(
+        self, sample: TensorDictBase, unroll: TensorDictModuleBase, hidden_keys: list[str]
+    ) -> None:
+        """Replace the state at each sequence's first step by the current network's (LASER App. A.2).
+
+        For a sequence starting k steps into its episode, ``unroll`` (the recurrent torso in sequence mode)
+        runs over the episode's first k steps from a zero state; the state after them is written into
+        ``sample[:, 0][hidden_keys]``. Sequences starting at an episode's first step get the zero state.
+        Prefixes of different lengths are right-aligned in one ``[B, k_max]`` batch; ``is_init`` at each
+        episode's first step resets the state, so the padding in front of it has no effect.
+        """
+        starts = sample.get(SLOT_KEY)[:, 0]
+        k = self.position[starts]  # steps of the episode stored before the sequence's start
+        k_max = int(k.max())
+        zero = torch.zeros_like(sample.get(hidden_keys[0])[:, 0])
+        if k_max == 0:
+            for key in hidden_keys:
+                sample.get(key)[:, 0] = zero
+            return
+        idx = torch.empty(starts.numel(), k_max, dtype=torch.long)
+        idx[:, -1] = torch.where(k > 0, self.prev[starts], starts)
+        for j in range(k_max - 1, 0, -1):  # walk back in time, vectorised over the batch
+            prev = self.prev[idx[:, j]]
+            idx[:, j - 1] = torch.where(prev >= 0, prev, idx[:, j])
+        prefix = self.buffer.storage.get(idx.reshape(-1)).reshape(idx.shape)
+        prefix = prefix.select("observation", *hidden_keys).to(zero.device)
+        is_init = torch.zeros(starts.numel(), k_max, 1, dtype=torch.bool, device=zero.device)
+        first_col = (k_max - k).clamp(max=k_max - 1)
+        is_init[torch.arange(starts.numel()), first_col] = True
+        prefix.set("is_init", is_init)
+        for key in hidden_keys:
+            prefix.get(key).zero_()
+        out = unroll(prefix)
+        for key in hidden_keys:
+            state = out.get(("next", key))[:, -1]
+            sample.get(key)[:, 0] = torch.where((k > 0).view(-1, *[1] * (state.ndim - 1)), state, zero)
+
+    def zero_recurrent_state(self, sample: TensorDictBase, hidden_keys: list[str]) -> None:
+        """The paper-style reset (Reactor): every sequence starts from the zero state."""
+        for key in hidden_keys:
+            sample.get(key)[:, 0] = 0.0
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        if self.steps_written:
+            self.buffer.dumps(path / "buffer")
+        links = {name: getattr(self, name) for name in _LINKS}
+        links["generator"] = self.generator.get_state()
+        torch.save(links, path / "links.pt")
+        (path / "counters.json").write_text(
+            json.dumps({"episodes_started": self.episodes_started, "steps_written": self.steps_written})
+        )
+
+    def load(self, path: Path) -> None:
+        """Restore a replay saved by :meth:`save`. Trajectories open at save time end there (the
+        collectors restart their envs), so their last stored step is a window end, not a boundary."""
+        if (path / "buffer").exists():
+            self.buffer.loads(path / "buffer")
+        links = torch.load(path / "links.pt", weights_only=True)
+        for name in _LINKS:
+            getattr(self, name).copy_(links[name])
+        self.generator.set_state(links["generator"])
+        counters = json.loads((path / "counters.json").read_text())
+        self.episodes_started = counters["episodes_started"]
+        self.steps_written = counters["steps_written"]
+        self._open.clear()
+        self._alive_slots = None
+
+
+class OnlineWindows:
+    """The freshest collected data, cut into ``[seq_len]`` windows, for on-policy updates and for mixing
+    a share of online data into replay batches (ACER Alg. 1, LASER sec. 4.2).
+
+    Windows are cut from each trajectory row of a collected batch along time; they may hold episode
+    boundaries (the estimators handle ``done`` mid-window). Each window keeps the recurrent state the actor
+    had at its first step.
+    """
+
+    def __init__(self, seq_len: int, keep_batches: int = 4):
+        self.seq_len = seq_len
+        self.batches: deque[TensorDictBase] = deque(maxlen=keep_batches)
+
+    def push(self, batch: TensorDictBase) -> None:
+        rows = as_rows(batch)
+        n, T = rows.shape
+        pad = (-T) % self.seq_len
+        mask = torch.ones(n, T + pad, dtype=torch.bool)
+        if pad:
+            rows = torch.cat([rows, rows[:, -1:].expand(n, pad).clone()], dim=1)
+            mask[:, T:] = False
+        rows = rows.reshape(n * (T + pad) // self.seq_len, self.seq_len)
+        rows.set(MASK_KEY, mask.reshape(rows.shape))
+        self.batches.appendleft(rows)
+
+    @property
+    def latest(self) -> TensorDictBase:
+        return self.batches[0]
+
+    def take(self, n: int) -> TensorDictBase:
+        """The ``n`` freshest windows (fewer if fewer were collected)."""
+        windows, have = [], 0
+        for batch in self.batches:
+            if have >= n:
+                break
+            windows.append(batch[: n - have])
+            have += windows[-1].shape[0]
+        return torch.cat(windows, 0)

@@ -1,0 +1,279 @@
+"""The one training loop shared by every loss.
+
+collect (asynchronous workers) -> store in the episode replay -> for each planned gradient step: draw a
+batch (online windows and/or replayed sequences), refresh the recurrent state, loss, clip, step, update
+target / average networks, loss hooks -> push weights to the workers -> evaluate, log, checkpoint.
+The workers keep collecting while the learner trains (``MultiAsyncCollector``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.modules import set_recurrent_mode
+from tqdm import tqdm
+
+from acer_torchrl.agent import Agent
+from acer_torchrl.algorithms import get_algorithm
+from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from acer_torchrl.collectors import make_collector
+from acer_torchrl.config import Config, dump_yaml
+from acer_torchrl.envs import env_info, make_env, make_env_fn
+from acer_torchrl.metrics import MetricsLog, plot_learning_curve
+from acer_torchrl.replay import EpisodeReplay, OnlineWindows
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. non-finite loss); the CLI prints its message as one line."""
+
+
+@dataclass
+class Counters:
+    env_steps: int = 0
+    updates: int = 0
+    episodes: int = 0
+    wall_time_s: float = 0.0
+    restarts: int = 0
+    next_eval: int = 0
+    next_checkpoint: int = 0
+    rng: dict = field(default_factory=dict)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TrainingError(f"device={name} but no CUDA device is visible; use device=cpu or device=auto")
+    return torch.device(name)
+
+
+def default_run_dir(cfg: Config) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{cfg.loss}-{cfg.env.name.replace('/', '_')}-s{cfg.seed}-{stamp}"
+
+
+def evaluate(cfg: Config, agent: Agent, env) -> tuple[float, float]:
+    """Greedy (``ExplorationType.DETERMINISTIC``) returns over ``eval.episodes`` episodes."""
+    returns = []
+    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+        for _ in range(cfg.eval.episodes):
+            rollout = env.rollout(cfg.eval.max_steps, agent.policy, break_when_any_done=True)
+            returns.append(float(rollout.get(("next", "reward")).sum()))
+    return float(np.mean(returns)), float(np.std(returns))
+
+
+class Trainer:
+    """Owns the run: agent, optimiser, replay, collector, counters and the run directory."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        cfg.run_dir = str(self.run_dir)
+        self.device = resolve_device(cfg.device)
+        torch.manual_seed(cfg.seed)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.info = env_info(cfg.env)
+        self.agent: Agent = get_algorithm(cfg.loss).build(cfg, self.info)
+        self.loss = self.agent.loss.to(self.device)
+        params = [p for p in self.loss.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(
+            params, lr=cfg.optim.lr, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay
+        )
+        self.params = params
+        scratch = self.run_dir / "replay_storage" if cfg.replay.memmap else None
+        self.replay = EpisodeReplay(cfg.replay.capacity, scratch_dir=scratch, seed=cfg.seed)
+        self.online = OnlineWindows(self.loss.seq_len)
+        self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
+        self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard)
+        if cfg.resume:
+            self._resume()
+        else:
+            dump_yaml(cfg, self.run_dir / "config.yaml")
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict:
+        return {
+            "loss": self.loss.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def _resume(self) -> None:
+        state, counters = load_checkpoint(self.run_dir, self.replay)
+        try:
+            self.loss.load_state_dict(state["loss"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(
+                f"checkpoint in {self.run_dir} does not match this configuration ({type(err).__name__}: "
+                f"{str(err).splitlines()[0]})"
+            ) from None
+        torch.set_rng_state(state["torch_rng"])
+        self.counters = Counters(**counters)
+        self.counters.restarts += 1
+        if self.counters.rng:
+            self.rng.bit_generator.state = self.counters.rng
+        self.log.load_existing()
+        self.agent.policy.to("cpu")
+
+    def checkpoint(self) -> None:
+        self.counters.rng = self.rng.bit_generator.state
+        save_checkpoint(self.run_dir, self.state(), vars(self.counters), self.replay)
+
+    # ------------------------------------------------------------------ learning
+    def draw_batch(self, online_share: float) -> TensorDictBase | None:
+        """A batch holding ``online_share`` of the freshest collected windows, the rest from replay."""
+        cfg = self.cfg.replay
+        seq_len = self.loss.seq_len
+        if online_share >= 1.0:
+            return self.online.latest
+        n_online = int(round(online_share * cfg.batch_size))
+        if len(self.replay) < max(cfg.min_size, 1):
+            return None
+        parts = []
+        if n_online:
+            parts.append(self.online.take(n_online))
+        if seq_len == 1 and not n_online:
+            return self.replay.sample_steps(cfg.batch_size)
+        replayed = self.replay.sample_sequences(cfg.batch_size - n_online, seq_len)
+        if self.agent.recurrent:
+            if cfg.recurrent_state == "refresh":
+                with set_recurrent_mode(True):
+                    self.replay.refresh_recurrent_state(replayed, self.agent.unroll, self.agent.hidden_keys)
+            elif cfg.recurrent_state == "zero":
+                self.replay.zero_recurrent_state(replayed, self.agent.hidden_keys)
+        parts.append(replayed)
+        if len(parts) == 1:
+            return parts[0]
+        keys = set(parts[0].keys(True, True)) & set(parts[1].keys(True, True))
+        return torch.cat([p.select(*keys) for p in parts], 0)
+
+    def update(self, batch: TensorDictBase) -> dict[str, float]:
+        batch = batch.to(self.device)
+        with set_recurrent_mode(True):
+            out = self.loss(batch)
+        total = sum(v for k, v in out.items() if k.startswith("loss_"))
+        if not torch.isfinite(total):
+            bad = [k for k, v in out.items() if k.startswith("loss_") and not torch.isfinite(v).all()]
+            raise TrainingError(
+                f"non-finite loss at update {self.counters.updates} ({', '.join(bad)}); lower optim.lr or check "
+                "the importance weights (behaviour statistics) in the collected data"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
+        self.optimizer.step()
+        for updater in self.agent.updaters:
+            updater.step()
+        self.counters.updates += 1
+        self.loss.after_update(batch, out, self.replay)
+        stats = {k: float(v.detach().float().mean()) for k, v in out.items() if v.numel() >= 1}
+        stats["grad_norm"] = float(grad_norm)
+        return stats
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> dict:
+        cfg = self.cfg
+        c = self.counters
+        remaining = cfg.total_frames - c.env_steps
+        eval_env = make_env(cfg.env, seed=cfg.seed + 10_000 + c.restarts, extra_transforms=self.agent.env_transforms)
+        if remaining > 0:
+            self._collect_and_learn(remaining, eval_env)
+        mean, std = evaluate(cfg, self.agent, eval_env)
+        eval_env.close()
+        self.log.row(c.env_steps, c.updates, c.wall_time_s, {"eval_return_mean": mean, "eval_return_std": std})
+        self.checkpoint()
+        summary = {
+            "algorithm": cfg.loss,
+            "env": cfg.env.name,
+            "preset": cfg.preset,
+            "seed": cfg.seed,
+            "env_steps": c.env_steps,
+            "updates": c.updates,
+            "episodes": c.episodes,
+            "eval_return_mean": mean,
+            "eval_return_std": std,
+            "wall_time_s": round(c.wall_time_s, 2),
+            "env_steps_per_s": round(c.env_steps / max(c.wall_time_s, 1e-9), 1),
+            "restarts": c.restarts,
+            "run_dir": str(self.run_dir),
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        plot_learning_curve(self.log, self.run_dir / "learning_curve.png", f"{cfg.loss} on {cfg.env.name}")
+        return summary
+
+    def _collect_and_learn(self, remaining: int, eval_env) -> None:
+        cfg, c = self.cfg, self.counters
+        workers = cfg.collector.workers
+        env_fns = [
+            make_env_fn(cfg.env, seed=cfg.seed + 1_000 * (i + 1) + 97 * c.restarts, extra_transforms=self.agent.env_transforms)
+            for i in range(max(workers, 1))
+        ]
+        collector = make_collector(
+            env_fns if workers else env_fns[0],
+            self.agent.policy,
+            num_workers=workers,
+            frames_per_batch=cfg.collector.frames_per_batch,
+            total_frames=remaining,
+            seed=cfg.seed + c.restarts,
+        )
+        bar = tqdm(total=cfg.total_frames, initial=c.env_steps, disable=not cfg.log.progress, unit="step")
+        window: dict[str, list[float]] = {}
+        returns: list[float] = []
+        start = time.perf_counter() - c.wall_time_s
+        try:
+            for batch in collector:
+                batch = self.loss.preprocess(batch)
+                steps = batch.numel()
+                c.env_steps += steps
+                done = batch.get(("next", "done"))
+                returns += batch.get(("next", "episode_reward"))[done].tolist()
+                c.episodes += int(done.sum())
+                self.replay.extend(batch)
+                self.online.push(batch)
+                for share in self.loss.update_plan(self.rng):
+                    sample = self.draw_batch(share)
+                    if sample is None:
+                        continue
+                    for key, value in self.update(sample).items():
+                        window.setdefault(key, []).append(value)
+                collector.update_policy_weights_()
+                c.wall_time_s = time.perf_counter() - start
+                bar.update(steps)
+                metrics = {k: float(np.mean(v)) for k, v in window.items()}
+                if returns:
+                    metrics["train_return"] = float(np.mean(returns))
+                    bar.set_postfix(ret=f"{metrics['train_return']:.1f}", upd=c.updates)
+                if c.env_steps >= c.next_eval:
+                    metrics["eval_return_mean"], metrics["eval_return_std"] = evaluate(cfg, self.agent, eval_env)
+                    c.next_eval += cfg.eval.interval * max(1, math.ceil((c.env_steps - c.next_eval + 1) / cfg.eval.interval))
+                    metrics["replay_steps"] = len(self.replay)
+                    self.log.row(c.env_steps, c.updates, c.wall_time_s, metrics)
+                    window, returns = {}, []
+                if c.env_steps >= c.next_checkpoint:
+                    self.checkpoint()
+                    c.next_checkpoint += cfg.log.checkpoint_interval * max(
+                        1, math.ceil((c.env_steps - c.next_checkpoint + 1) / cfg.log.checkpoint_interval)
+                    )
+                if c.env_steps >= cfg.total_frames:
+                    break
+        finally:
+            bar.close()
+            with contextlib.suppress(Exception):
+                collector.shutdown()
+            c.wall_time_s = time.perf_counter() - start
+
+
+def train(cfg: Config) -> dict:
+    """Run (or resume) one training run described by ``cfg``; returns its summary."""
+    return Trainer(cfg).train()
