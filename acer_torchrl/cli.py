@@ -26,12 +26,11 @@ def main(recipe: str, argv: list[str] | None = None) -> int:
         print(f"usage: python recipes/{recipe}.py [preset=NAME] [key=value ...]  (see README)")
         return 0
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    from acer_torchrl.envs import EnvError
     from acer_torchrl.trainer import TrainingError
 
     try:
         summary = run(recipe, argv)
-    except (*USER_ERRORS, EnvError, TrainingError) as err:
+    except (*USER_ERRORS, TrainingError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(

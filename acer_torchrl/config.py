@@ -111,6 +111,12 @@ class Config:
             raise ConfigError(
                 f"network.activation must be one of {sorted(ACTIVATIONS)}, got {self.network.activation!r}"
             )
+        from acer_torchrl.envs import validate_env_config
+
+        try:
+            validate_env_config(self.env)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if hasattr(self.algo, "validate"):
             self.algo.validate(self)
 

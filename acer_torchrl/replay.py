@@ -272,9 +272,13 @@ class EpisodeReplay:
     def load(self, path: Path) -> None:
         """Restore a replay saved by :meth:`save`. Trajectories open at save time end there (the
         collectors restart their envs), so their last stored step is a window end, not a boundary."""
+        links = torch.load(path / "links.pt", weights_only=True)
+        if links["episode"].numel() != self.capacity:
+            raise ValueError(
+                f"the saved replay holds {links['episode'].numel()} steps but replay.capacity={self.capacity}"
+            )
         if (path / "buffer").exists():
             self.buffer.loads(path / "buffer")
-        links = torch.load(path / "links.pt", weights_only=True)
         for name in _LINKS:
             getattr(self, name).copy_(links[name])
         self.generator.set_state(links["generator"])

@@ -172,6 +172,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
+        for group in self.optimizer.param_groups:  # learning-rate annealing of the loss (e.g. ReF-ER eq. 13)
+            group["lr"] = self.cfg.optim.lr * self.loss.lr_scale()
         self.optimizer.step()
         for updater in self.agent.updaters:
             updater.step()
@@ -239,7 +241,8 @@ class Trainer:
                 done = batch.get(("next", "done"))
                 returns += batch.get(("next", "episode_reward"))[done].tolist()
                 c.episodes += int(done.sum())
-                self.replay.extend(batch)
+                slots = self.replay.extend(batch)
+                self.loss.after_extend(batch, slots, self.replay)
                 self.online.push(batch)
                 for share in self.loss.update_plan(self.rng):
                     sample = self.draw_batch(share)

@@ -1,0 +1,67 @@
+"""Config: presets, typed overrides, one-line errors, YAML round trip, the CLI's error path."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from acer_torchrl.config import ConfigError, dump_yaml, from_dict, load_config, to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_overrides_are_typed_and_nested():
+    cfg = load_config("acer", ["seed=3", "total_frames=1e4", "optim.lr=3e-4", "network.hidden=64,32",
+                               "log.progress=false", "env.name=Acrobot-v1", "run_dir=/tmp/x"])
+    assert cfg.seed == 3 and cfg.total_frames == 10_000 and isinstance(cfg.total_frames, int)
+    assert cfg.optim.lr == 3e-4 and cfg.network.hidden == [64, 32] and cfg.log.progress is False
+    assert cfg.env.name == "Acrobot-v1" and cfg.run_dir == "/tmp/x"
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("optim.lrr=1", "unknown config key 'optim.lrr'; did you mean optim.lr"),
+        ("seed=abc", "config key 'seed' expects int"),
+        ("log.progress=maybe", "config key 'log.progress' expects bool"),
+        ("total_frames=2.5", "config key 'total_frames' expects int"),
+        ("replay=3", "is a section"),
+        ("preset=nope", "unknown preset 'nope' for loss=acer"),
+        ("loss=dqn", "unknown loss 'dqn'"),
+        ("gamma=1.5", "gamma must be in (0, 1]"),
+        ("seed", "expected key=value"),
+        ("reactor.tau=3", "belongs to loss=reactor but this run uses loss=acer"),
+    ],
+)
+def test_bad_values_raise_one_clear_line(override, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_config("acer", [override])
+    message = str(err.value)
+    assert fragment in message and "\n" not in message
+
+
+def test_yaml_round_trip(tmp_path):
+    cfg = load_config("acer", ["seed=7", "replay.seq_len=11", "network.lstm=true"])
+    dump_yaml(cfg, tmp_path / "config.yaml")
+    import yaml
+
+    again = from_dict(yaml.safe_load((tmp_path / "config.yaml").read_text()))
+    assert to_dict(again) == to_dict(cfg)
+
+
+def test_resume_of_a_directory_without_run_says_so(tmp_path):
+    with pytest.raises(ConfigError, match="no config.yaml there"):
+        load_config("acer", [f"resume={tmp_path}"])
+
+
+def test_cli_prints_one_line_and_exits_2_without_traceback():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "recipes" / "acer.py"), "optim.lrr=1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: unknown config key 'optim.lrr'; did you mean optim.lr?"
+    ]
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,150 @@
+"""The shared pipeline end to end with a loss that joins the registry with one line (as new losses do):
+real worker processes, run-directory contract, kill + resume without losing replay or step counts,
+corrupt checkpoints and bad input ending with one clear line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from acer_torchrl import algorithms
+from acer_torchrl.agent import Agent
+from acer_torchrl.algorithms import Algorithm
+from acer_torchrl.cli import run
+from acer_torchrl.config import ConfigError
+from acer_torchrl.checkpoint import CheckpointError
+from acer_torchrl.modules import acting_policy, learning_module, make_torso, policy_distribution
+from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask
+from acer_torchrl.replay import EpisodeReplay
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class ProbeConfig:
+    online_steps: int = 1
+
+
+class ProbeLoss(ReplayLoss):
+    """Reward-weighted log-likelihood on whatever batch the trainer draws: enough to exercise the plumbing."""
+
+    def __init__(self, net, info, online_steps):
+        super().__init__()
+        self.net, self.info, self.online_steps, self.seq_len = net, info, online_steps, 4
+
+    def update_plan(self, rng):
+        return [1.0] * self.online_steps + [0.0]
+
+    def forward(self, td):
+        out = self.net(td.select(*self.net.in_keys, strict=False).clone())
+        log_pi = policy_distribution(self.info, out).log_prob(td["action"]).unsqueeze(-1)
+        loss = -masked_mean(log_pi * td["next", "reward"], sequence_mask(td))
+        return TensorDict({"loss_probe": loss, "batch_rows": torch.tensor(float(td.shape[0]))}, [])
+
+
+def build_probe(cfg, info):
+    torso = make_torso(info, cfg.network.hidden, cfg.network.activation,
+                       cfg.network.lstm_hidden if cfg.network.lstm else None)
+    head = nn.Linear(torso.out_dim, info.num_actions)
+    net = learning_module(torso, TensorDictModule(head, ["core"], ["logits"]))
+    return Agent(ProbeLoss(net, info, cfg.algo.online_steps), acting_policy(torso, head, info), [torso])
+
+
+ALGORITHM = Algorithm("probe", ProbeConfig, build_probe, {"tiny": {"env.name": "CartPole-v1"}}, "tiny")
+FAST = ["network.hidden=16", "collector.frames_per_batch=32", "replay.min_size=64", "replay.batch_size=4",
+        "eval.episodes=1", "eval.max_steps=50", "log.progress=false"]
+
+
+@pytest.fixture
+def probe_registered(monkeypatch):
+    monkeypatch.setitem(algorithms.REGISTRY, "probe", __name__)  # a new loss joins with one line
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setenv("PYTHONPATH", f"{Path(__file__).parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+
+
+@pytest.mark.parametrize("workers, lstm", [(2, False), (0, True)])
+def test_end_to_end_run_leaves_the_run_directory_contract(tmp_path, probe_registered, workers, lstm):
+    summary = run("probe", [f"run_dir={tmp_path}", "total_frames=640", f"collector.workers={workers}",
+                            f"network.lstm={str(lstm).lower()}", "network.lstm_hidden=8", "eval.interval=320", *FAST])
+    for key in ("algorithm", "env", "env_steps", "eval_return_mean", "eval_return_std", "wall_time_s",
+                "env_steps_per_s"):
+        assert key in summary
+    assert summary["algorithm"] == "probe" and summary["env"] == "CartPole-v1"
+    assert summary["env_steps"] >= 640 and summary["updates"] > 0
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    for name in ("config.yaml", "metrics.csv", "learning_curve.png", "checkpoint/state.pt"):
+        assert (tmp_path / name).is_file(), name
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("env_steps,updates,wall_time_s") and len(rows) >= 3
+    assert "loss_probe" in rows[0] and "eval_return_mean" in rows[0]
+
+
+def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_registered):
+    """SIGKILL a run after its first checkpoint; resume=<run_dir> continues from that checkpoint."""
+    code = ("import sys; from acer_torchrl import algorithms, cli; algorithms.REGISTRY['probe'] = 'test_pipeline'; "
+            "sys.exit(cli.main('probe'))")
+    args = [sys.executable, "-c", code,
+            f"run_dir={tmp_path}", "total_frames=100000", "collector.workers=2", "log.checkpoint_interval=256",
+            "eval.interval=100000", *FAST]
+    proc = subprocess.Popen(args, cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ)
+    deadline = time.time() + 120
+    while not (tmp_path / "checkpoint" / "counters.json").exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.time() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGKILL)  # the run and its collector workers, at an arbitrary moment
+    proc.wait()
+
+    from acer_torchrl.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(tmp_path)
+    saved = json.loads((ckpt / "counters.json").read_text())
+    before = EpisodeReplay(50_000)  # the default replay.capacity
+    before.load(ckpt / "replay")
+    assert saved["env_steps"] >= 256 and len(before) > 0
+
+    # resuming rebuilds exactly that replay and those counters, then runs to the new total
+    from acer_torchrl.config import load_config
+    from acer_torchrl.trainer import Trainer
+
+    trainer = Trainer(load_config(None, [f"resume={tmp_path}", f"total_frames={saved['env_steps'] + 320}"]))
+    assert trainer.counters.env_steps == saved["env_steps"] and trainer.counters.restarts == 1
+    assert trainer.replay.steps_written == before.steps_written and len(trainer.replay) == len(before)
+    slots = before.alive.nonzero().squeeze(-1)
+    assert torch.equal(trainer.replay.gather(slots)["observation"], before.gather(slots)["observation"])
+    summary = trainer.train()
+    assert summary["env_steps"] >= saved["env_steps"] + 320 and summary["restarts"] == 1
+    assert summary["updates"] > saved["updates"]
+
+
+def test_corrupt_checkpoint_is_one_clear_error(tmp_path, probe_registered):
+    run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
+    (tmp_path / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="corrupt or unreadable") as err:
+        run("probe", [f"resume={tmp_path}", "total_frames=128"])
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_env_id_stops_before_any_work(tmp_path, probe_registered):
+    with pytest.raises(ConfigError, match="unknown env.name 'CartPol-v1'") as err:
+        run("probe", [f"run_dir={tmp_path}", "env.name=CartPol-v1"])
+    assert "\n" not in str(err.value) and not (tmp_path / "config.yaml").exists()
+
+
+def test_recipe_reports_bad_env_as_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "acer.py"), "env.name=Nope-v0",
+                           f"run_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "unknown env.name 'Nope-v0'" in proc.stderr
