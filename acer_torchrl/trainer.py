@@ -9,6 +9,7 @@ The workers keep collecting while the learner trains (``MultiAsyncCollector``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import set_recurrent_mode
 from tqdm import tqdm
@@ -61,12 +62,12 @@ def default_run_dir(cfg: Config) -> Path:
     return Path("runs") / f"{cfg.loss}-{cfg.env.name.replace('/', '_')}-s{cfg.seed}-{stamp}"
 
 
-def evaluate(cfg: Config, agent: Agent, env) -> tuple[float, float]:
+def evaluate(cfg: Config, policy, env) -> tuple[float, float]:
     """Greedy (``ExplorationType.DETERMINISTIC``) returns over ``eval.episodes`` episodes."""
     returns = []
     with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
         for _ in range(cfg.eval.episodes):
-            rollout = env.rollout(cfg.eval.max_steps, agent.policy, break_when_any_done=True)
+            rollout = env.rollout(cfg.eval.max_steps, policy, break_when_any_done=True)
             returns.append(float(rollout.get(("next", "reward")).sum()))
     return float(np.mean(returns)), float(np.std(returns))
 
@@ -84,6 +85,8 @@ class Trainer:
         self.rng = np.random.default_rng(cfg.seed)
         self.info = env_info(cfg.env)
         self.agent: Agent = get_algorithm(cfg.loss).build(cfg, self.info)
+        # collectors and evaluation act on CPU: with a GPU learner they get a CPU copy, synced after updates
+        self.acting = self.agent.policy if self.device.type == "cpu" else copy.deepcopy(self.agent.policy)
         self.loss = self.agent.loss.to(self.device)
         params = [p for p in self.loss.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(
@@ -124,7 +127,11 @@ class Trainer:
         if self.counters.rng:
             self.rng.bit_generator.state = self.counters.rng
         self.log.load_existing()
-        self.agent.policy.to("cpu")
+        self.sync_acting_policy()
+
+    def sync_acting_policy(self) -> None:
+        if self.acting is not self.agent.policy:
+            TensorDict.from_module(self.agent.policy).data.to("cpu").to_module(self.acting)
 
     def checkpoint(self) -> None:
         self.counters.rng = self.rng.bit_generator.state
@@ -142,10 +149,10 @@ class Trainer:
             return None
         parts = []
         if n_online:
-            parts.append(self.online.take(n_online))
+            parts.append(self.online.take(n_online).to(self.device))
         if seq_len == 1 and not n_online:
             return self.replay.sample_steps(cfg.batch_size)
-        replayed = self.replay.sample_sequences(cfg.batch_size - n_online, seq_len)
+        replayed = self.replay.sample_sequences(cfg.batch_size - n_online, seq_len).to(self.device)
         if self.agent.recurrent:
             if cfg.recurrent_state == "refresh":
                 with set_recurrent_mode(True):
@@ -191,7 +198,7 @@ class Trainer:
         eval_env = make_env(cfg.env, seed=cfg.seed + 10_000 + c.restarts, extra_transforms=self.agent.env_transforms)
         if remaining > 0:
             self._collect_and_learn(remaining, eval_env)
-        mean, std = evaluate(cfg, self.agent, eval_env)
+        mean, std = evaluate(cfg, self.acting, eval_env)
         eval_env.close()
         self.log.row(c.env_steps, c.updates, c.wall_time_s, {"eval_return_mean": mean, "eval_return_std": std})
         self.checkpoint()
@@ -223,7 +230,7 @@ class Trainer:
         ]
         collector = make_collector(
             env_fns if workers else env_fns[0],
-            self.agent.policy,
+            self.acting,
             num_workers=workers,
             frames_per_batch=cfg.collector.frames_per_batch,
             total_frames=remaining,
@@ -250,6 +257,7 @@ class Trainer:
                         continue
                     for key, value in self.update(sample).items():
                         window.setdefault(key, []).append(value)
+                self.sync_acting_policy()
                 collector.update_policy_weights_()
                 c.wall_time_s = time.perf_counter() - start
                 bar.update(steps)
@@ -258,7 +266,7 @@ class Trainer:
                     metrics["train_return"] = float(np.mean(returns))
                     bar.set_postfix(ret=f"{metrics['train_return']:.1f}", upd=c.updates)
                 if c.env_steps >= c.next_eval:
-                    metrics["eval_return_mean"], metrics["eval_return_std"] = evaluate(cfg, self.agent, eval_env)
+                    metrics["eval_return_mean"], metrics["eval_return_std"] = evaluate(cfg, self.acting, eval_env)
                     c.next_eval += cfg.eval.interval * max(1, math.ceil((c.env_steps - c.next_eval + 1) / cfg.eval.interval))
                     metrics["replay_steps"] = len(self.replay)
                     self.log.row(c.env_steps, c.updates, c.wall_time_s, metrics)
