@@ -1,0 +1,74 @@
+"""What a SLURM job runs (through submitit): a recipe run that survives preemption and requeueing.
+
+``RecipeJob()(recipe, overrides)`` runs :func:`acer_torchrl.cli.run` with ``key=value`` overrides that
+must fix ``run_dir=`` before submission, so that a requeued job finds its checkpoints there:
+
+* submitit's own preemption/timeout signal calls :meth:`RecipeJob.checkpoint`, which requeues the job
+  with ``resume=<run_dir>`` (the trainer's periodic checkpoint is the state to resume from);
+* an external requeue (``scontrol requeue``, node failure) restarts the job with its original arguments;
+  ``SLURM_RESTART_COUNT`` then tells :meth:`RecipeJob.__call__` to resume from ``run_dir`` as well.
+
+A requeue that comes before the first checkpoint starts the run afresh. This module imports neither
+torch nor the trainer at import time, so ``slurm/submit.py`` stays quick.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import submitit
+
+
+def override_value(overrides: list[str], key: str) -> str | None:
+    """The value of the last ``key=value`` in ``overrides`` (None if absent)."""
+    value = None
+    for item in overrides:
+        name, sep, rest = item.partition("=")
+        if sep and name.strip() == key:
+            value = rest.strip()
+    return value
+
+
+def required_run_dir(overrides: list[str]) -> str:
+    """The ``run_dir=`` of ``overrides``; a one-line ValueError when it is missing."""
+    run_dir = override_value(overrides, "run_dir")
+    if not run_dir:
+        raise ValueError("a cluster run needs run_dir=<path> fixed before submission (requeued jobs resume there)")
+    return run_dir
+
+
+def with_resume(overrides: list[str]) -> list[str]:
+    """``overrides`` with ``resume=<run_dir>`` when ``run_dir`` holds a checkpoint, else unchanged."""
+    from acer_torchrl.checkpoint import CheckpointError, latest_checkpoint
+
+    run_dir = required_run_dir(overrides)
+    try:
+        latest_checkpoint(Path(run_dir))
+    except CheckpointError:
+        return list(overrides)
+    return [o for o in overrides if o.partition("=")[0].strip() != "resume"] + [f"resume={run_dir}"]
+
+
+class RecipeJob(submitit.helpers.Checkpointable):
+    """A recipe run as a submitit job; requeued on preemption, resuming from its ``run_dir``."""
+
+    def __call__(self, recipe: str, overrides: list[str]) -> dict:
+        from acer_torchrl import cli
+
+        required_run_dir(overrides)
+        if int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
+            overrides = with_resume(overrides)
+        return cli.run(recipe, list(overrides))
+
+    def checkpoint(self, recipe: str, overrides: list[str]) -> submitit.helpers.DelayedSubmission:
+        return submitit.helpers.DelayedSubmission(self, recipe, with_resume(overrides))
+
+
+def job_rank_info() -> tuple[int, int, str, int]:
+    """``(rank, world_size, master_addr, master_port)`` of the calling task of a (multi-task) submitit job.
+
+    The port is derived from the job id, so every task of one job agrees on it without talking.
+    """
+    dist = submitit.helpers.TorchDistributedEnvironment()
+    return dist.rank, dist.world_size, dist.master_addr, dist.master_port

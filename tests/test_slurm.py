@@ -1,0 +1,229 @@
+"""Real jobs on a real SLURM cluster through submitit (`bash slurm/local_cluster.sh start` gives one).
+
+Without a reachable cluster the tests marked ``slurm`` skip, saying how to start one; under ``CI=true``
+they fail instead. The unmarked tests at the end check ``slurm/submit.py``'s parsing without a cluster.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import submitit
+from submitit.core.utils import FailedJobError
+
+from acer_torchrl.cluster import RecipeJob, job_rank_info
+
+REPO = Path(__file__).resolve().parents[1]
+SUBMIT = REPO / "slurm" / "submit.py"
+RECIPE = "laser"
+# CartPole, one process, small batches: a few seconds of training once torch is imported.
+TINY = [
+    "preset=cartpole",
+    "collector.workers=0",
+    "collector.frames_per_batch=32",
+    "replay.min_size=64",
+    "eval.episodes=1",
+    "eval.interval=1000000",
+    "log.progress=false",
+    "device=cpu",
+]
+JOB_WAIT_S = 240
+
+slurm = pytest.mark.slurm
+uses_cluster = pytest.mark.usefixtures("slurm_cluster")
+
+
+def executor(tmp_path: Path, **params) -> submitit.AutoExecutor:
+    """A SLURM executor running jobs with this interpreter (the venv's) and logs under ``tmp_path``."""
+    ex = submitit.AutoExecutor(folder=tmp_path / "logs" / "%j", cluster="slurm")
+    # timeout_min >= 50: an interruption counts as a preemption, not as one of max_num_timeout timeouts
+    ex.update_parameters(timeout_min=60, cpus_per_task=1, **params)
+    return ex
+
+
+def wait_until(condition, what: str, job=None, timeout_s: float = JOB_WAIT_S):
+    """Poll ``condition()`` until it returns a truthy value; fail with the job's stderr tail otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if job is not None and job.done(force_check=True):
+            pytest.fail(f"job {job.job_id} ended while waiting for {what}: {job.state}\n{job.stderr()}")
+        time.sleep(0.3)
+    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def read_counters(run_dir: Path) -> dict | None:
+    """The latest checkpoint's counters (None while there is none, or while it is being swapped in)."""
+    for name in ("checkpoint", "checkpoint.old"):
+        try:
+            return json.loads((run_dir / name / "counters.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+    return None
+
+
+def snapshot_checkpoint(run_dir: Path, dest: Path) -> dict:
+    """Copy the latest complete checkpoint to ``dest`` (retrying while the trainer swaps one in)."""
+
+    def copy() -> dict | None:
+        shutil.rmtree(dest, ignore_errors=True)
+        try:
+            shutil.copytree(run_dir / "checkpoint", dest)
+            return json.loads((dest / "counters.json").read_text())
+        except (FileNotFoundError, shutil.Error, json.JSONDecodeError):
+            return None
+
+    return wait_until(copy, f"a checkpoint to copy in {run_dir}")
+
+
+def replay_column(checkpoint_dir: Path, key: str, capacity: int):
+    from acer_torchrl.replay import EpisodeReplay
+
+    replay = EpisodeReplay(capacity)
+    replay.load(checkpoint_dir / "replay")
+    return replay.column(key, alive_only=False)
+
+
+@slurm
+@uses_cluster
+def test_short_run_returns_its_summary(tmp_path):
+    run_dir = tmp_path / "run"
+    job = executor(tmp_path).submit(RecipeJob(), RECIPE, TINY + ["total_frames=128", f"run_dir={run_dir}"])
+    summary = job.result()
+    assert summary["env_steps"] >= 128 and summary["restarts"] == 0
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    wait_until(lambda: job.get_info().get("State") == "COMPLETED", "sacct to show COMPLETED", timeout_s=30)
+
+
+@slurm
+@uses_cluster
+def test_two_point_sweep_and_table(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    cmd = [sys.executable, str(SUBMIT), RECIPE, *TINY, "total_frames=96", f"run_dir={sweep_dir}"]
+    out = subprocess.run(
+        cmd + ["--sweep", "seed=0,1", "--time", "60", "--wait"], capture_output=True, text=True, timeout=JOB_WAIT_S
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count(" done: env_steps=") == 2, out.stdout
+    for seed in (0, 1):
+        summary = json.loads((sweep_dir / f"seed={seed}" / "summary.json").read_text())
+        assert summary["seed"] == seed and summary["env_steps"] >= 96
+    table = subprocess.run(
+        [sys.executable, str(SUBMIT), "tabulate", str(sweep_dir)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert table[0].split() == ["point", "env_steps", "eval_return_mean", "wall_time_s"]
+    assert [row.split()[0] for row in table[1:]] == ["seed=0", "seed=1"]
+
+
+@slurm
+@uses_cluster
+def test_two_task_job_sees_ranks_0_and_1(tmp_path):
+    job = executor(tmp_path, tasks_per_node=2).submit(job_rank_info)
+    results = job.results()
+    assert sorted(r[0] for r in results) == [0, 1]
+    assert {r[1:] for r in results} == {results[0][1:]}  # same world size, master address and port
+    assert results[0][1] == 2 and 20000 <= results[0][3] <= 60000
+
+
+@slurm
+@uses_cluster
+def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
+    """External ``scontrol requeue`` then submitit's preemption signal: the run ends with every step
+    and with the replay it had at the checkpoint it resumed from."""
+    run_dir, total, capacity = tmp_path / "run", 800, 1024
+    overrides = TINY + [f"total_frames={total}", f"replay.capacity={capacity}", "log.checkpoint_interval=32", f"run_dir={run_dir}"]
+    job = executor(tmp_path).submit(RecipeJob(), RECIPE, overrides)
+
+    wait_until(lambda: (read_counters(run_dir) or {}).get("env_steps", 0) >= 64, "a first checkpoint", job)
+    before_requeue = snapshot_checkpoint(run_dir, tmp_path / "ckpt0")
+    subprocess.run(["scontrol", "requeue", job.job_id], check=True)
+    wait_until(lambda: (read_counters(run_dir) or {}).get("restarts") == 1, "a checkpoint after the requeue", job)
+    before_signal = snapshot_checkpoint(run_dir, tmp_path / "ckpt1")
+    assert before_signal["env_steps"] < total, "the run ended before it could be interrupted; raise total"
+    job._interrupt()  # submitit's preemption: SIGTERM then USR2 -> RecipeJob.checkpoint -> requeue
+
+    summary = job.result()
+    assert summary["restarts"] == 2
+    assert summary["env_steps"] >= total and summary["env_steps"] - total < 32  # one batch of slack
+    final = run_dir / "checkpoint"
+    for snap, counters in ((tmp_path / "ckpt0", before_requeue), (tmp_path / "ckpt1", before_signal)):
+        for key in ("observation", "action"):
+            kept = replay_column(snap, key, capacity)
+            assert kept.shape[0] == counters["env_steps"]
+            assert (replay_column(final, key, capacity)[: kept.shape[0]] == kept).all()
+    assert replay_column(final, "observation", capacity).shape[0] == summary["env_steps"]
+
+
+@slurm
+@uses_cluster
+def test_bad_override_surfaces_as_failed_job(tmp_path, capsys):
+    job = executor(tmp_path).submit(RecipeJob(), RECIPE, ["optim.lrr=1", f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(FailedJobError, match="optim.lrr"):
+        job.result()
+    # slurm/submit.py --wait reports it as one line naming the key
+    assert load_submit().wait_and_report([job], [{"name": "bad"}]) == 1
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and "FAILED: acer_torchrl.config.ConfigError:" in line and "optim.lrr" in line
+
+
+# ---------------------------------------------------------------- without a cluster
+def test_checkpoint_requeues_with_resume_once_a_checkpoint_exists(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    overrides = ["seed=1", f"run_dir={run_dir}", "resume=/elsewhere"]
+    job = RecipeJob()
+    assert job.checkpoint(RECIPE, overrides).args == (RECIPE, overrides)  # nothing to resume yet
+    (run_dir / "checkpoint").mkdir(parents=True)
+    (run_dir / "checkpoint" / "counters.json").write_text("{}")
+    assert job.checkpoint(RECIPE, overrides).args == (RECIPE, ["seed=1", f"run_dir={run_dir}", f"resume={run_dir}"])
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    with pytest.raises(ValueError, match="run_dir=<path> fixed before submission"):
+        job(RECIPE, ["seed=1"])
+
+
+def load_submit():
+    spec = importlib.util.spec_from_file_location("acer_submit", SUBMIT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sweep_is_the_cross_product():
+    submit = load_submit()
+    points = submit.parse_sweep("optim.lr=1e-4,3e-4 seed=0,1,2 network.hidden=[64,64]")
+    assert len(points) == 6 and points[0] == {"optim.lr": "1e-4", "seed": "0", "network.hidden": "[64,64]"}
+    for bad in ("seed", "seed=0, seed=1", "seed=0 seed=1", ""):
+        with pytest.raises(submit.SubmitError):
+            submit.parse_sweep(bad)
+
+
+def test_submit_rejects_user_mistakes_in_one_line(tmp_path):
+    for args, message in (
+        ([RECIPE, "optim.lrr=1", f"run_dir={tmp_path / 'a'}", "--local"], "optim.lrr"),
+        ([RECIPE, "seed=1", f"run_dir={tmp_path / 'b'}", "--sweep", "seed=2,3"], "both as an override"),
+        ([RECIPE, "seed", "--local"], "not key=value"),
+        (["tabulate", str(tmp_path)], "not a sweep directory"),
+    ):
+        out = subprocess.run([sys.executable, str(SUBMIT), *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+
+
+def test_tabulate_lists_points_with_and_without_summary(tmp_path):
+    submit = load_submit()
+    runs = []
+    for name, summary in (("seed=0", {"env_steps": 100, "eval_return_mean": 9.5, "wall_time_s": 3.25}), ("seed=1", None)):
+        (tmp_path / name).mkdir()
+        if summary:
+            (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+        runs.append({"run_dir": str(tmp_path / name)})
+    (tmp_path / "sweep.json").write_text(json.dumps({"runs": runs}))
+    rows = [row.split() for row in submit.tabulate(tmp_path).splitlines()]
+    assert rows[1:] == [["seed=0", "100", "9.50", "3.25"], ["seed=1", "-", "-", "-"]]
