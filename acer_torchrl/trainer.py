@@ -9,6 +9,7 @@ The workers keep collecting while the learner trains (``MultiAsyncCollector``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import copy
 import json
 import math
@@ -93,8 +94,7 @@ class Trainer:
             params, lr=cfg.optim.lr, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay
         )
         self.params = params
-        scratch = self.run_dir / "replay_storage" if cfg.replay.memmap else None
-        self.replay = EpisodeReplay(cfg.replay.capacity, scratch_dir=scratch, seed=cfg.seed)
+        self.replay = self.make_replay()
         self.online = OnlineWindows(self.loss.seq_len)
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard)
@@ -102,6 +102,12 @@ class Trainer:
             self._resume()
         else:
             dump_yaml(cfg, self.run_dir / "config.yaml")
+
+    def make_replay(self) -> EpisodeReplay:
+        """The replay this run stores its experience in. A shared-replay sweep overrides it to hand every
+        agent a view of one common replay (:mod:`acer_torchrl.shared_replay`)."""
+        scratch = self.run_dir / "replay_storage" if self.cfg.replay.memmap else None
+        return EpisodeReplay(self.cfg.replay.capacity, scratch_dir=scratch, seed=self.cfg.seed)
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict:
@@ -192,12 +198,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> dict:
-        cfg = self.cfg
-        c = self.counters
-        remaining = cfg.total_frames - c.env_steps
-        eval_env = make_env(cfg.env, seed=cfg.seed + 10_000 + c.restarts, extra_transforms=self.agent.env_transforms)
+        remaining = self.cfg.total_frames - self.counters.env_steps
+        eval_env = self.make_eval_env()
         if remaining > 0:
             self._collect_and_learn(remaining, eval_env)
+        return self.finish(eval_env)
+
+    def make_eval_env(self):
+        c = self.counters
+        one_game = dataclasses.replace(self.cfg.env, num_envs=1, episodic_life=False)  # whole games, one at a time
+        return make_env(one_game, seed=self.cfg.seed + 10_000 + c.restarts, extra_transforms=self.agent.env_transforms)
+
+    def finish(self, eval_env) -> dict:
+        """Final greedy evaluation, log row, checkpoint, summary.json and learning curve; closes ``eval_env``."""
+        cfg, c = self.cfg, self.counters
         mean, std = evaluate(cfg, self.acting, eval_env)
         eval_env.close()
         self.log.row(c.env_steps, c.updates, c.wall_time_s, {"eval_return_mean": mean, "eval_return_std": std})
@@ -222,13 +236,26 @@ class Trainer:
         return summary
 
     def _collect_and_learn(self, remaining: int, eval_env) -> None:
+        collector = self.make_collector(remaining)
+        self.start_clock()
+        try:
+            for batch in collector:
+                if self.on_batch(batch, collector, eval_env):
+                    break
+        finally:
+            self.stop_clock()
+            with contextlib.suppress(Exception):
+                collector.shutdown()
+
+    def make_collector(self, remaining: int):
+        """This run's collector: ``collector.workers`` processes (in-process when 0), ``remaining`` steps."""
         cfg, c = self.cfg, self.counters
         workers = cfg.collector.workers
         env_fns = [
             make_env_fn(cfg.env, seed=cfg.seed + 1_000 * (i + 1) + 97 * c.restarts, extra_transforms=self.agent.env_transforms)
             for i in range(max(workers, 1))
         ]
-        collector = make_collector(
+        return make_collector(
             env_fns if workers else env_fns[0],
             self.acting,
             num_workers=workers,
@@ -236,53 +263,60 @@ class Trainer:
             total_frames=remaining,
             seed=cfg.seed + c.restarts,
         )
-        bar = tqdm(total=cfg.total_frames, initial=c.env_steps, disable=not cfg.log.progress, unit="step")
-        window: dict[str, list[float]] = {}
-        returns: list[float] = []
-        start = time.perf_counter() - c.wall_time_s
-        try:
-            for batch in collector:
-                batch = self.loss.preprocess(batch)
-                steps = batch.numel()
-                c.env_steps += steps
-                done = batch.get(("next", "done"))
-                returns += batch.get(("next", "episode_reward"))[done].tolist()
-                c.episodes += int(done.sum())
-                slots = self.replay.extend(batch)
-                self.loss.after_extend(batch, slots, self.replay)
-                self.online.push(batch)
-                for share in self.loss.update_plan(self.rng):
-                    sample = self.draw_batch(share)
-                    if sample is None:
-                        continue
-                    for key, value in self.update(sample).items():
-                        window.setdefault(key, []).append(value)
-                self.sync_acting_policy()
-                collector.update_policy_weights_()
-                c.wall_time_s = time.perf_counter() - start
-                bar.update(steps)
-                metrics = {k: float(np.mean(v)) for k, v in window.items()}
-                if returns:
-                    metrics["train_return"] = float(np.mean(returns))
-                    bar.set_postfix(ret=f"{metrics['train_return']:.1f}", upd=c.updates)
-                if c.env_steps >= c.next_eval:
-                    metrics["eval_return_mean"], metrics["eval_return_std"] = evaluate(cfg, self.acting, eval_env)
-                    c.next_eval += cfg.eval.interval * max(1, math.ceil((c.env_steps - c.next_eval + 1) / cfg.eval.interval))
-                    metrics["replay_steps"] = len(self.replay)
-                    self.log.row(c.env_steps, c.updates, c.wall_time_s, metrics)
-                    window, returns = {}, []
-                if c.env_steps >= c.next_checkpoint:
-                    self.checkpoint()
-                    c.next_checkpoint += cfg.log.checkpoint_interval * max(
-                        1, math.ceil((c.env_steps - c.next_checkpoint + 1) / cfg.log.checkpoint_interval)
-                    )
-                if c.env_steps >= cfg.total_frames:
-                    break
-        finally:
-            bar.close()
-            with contextlib.suppress(Exception):
-                collector.shutdown()
-            c.wall_time_s = time.perf_counter() - start
+
+    def start_clock(self) -> None:
+        """Start the wall clock, progress bar and metric window of a collection phase (before :meth:`on_batch`)."""
+        c = self.counters
+        self._bar = tqdm(total=self.cfg.total_frames, initial=c.env_steps, disable=not self.cfg.log.progress, unit="step")
+        self._window: dict[str, list[float]] = {}
+        self._returns: list[float] = []
+        self._start = time.perf_counter() - c.wall_time_s
+
+    def stop_clock(self) -> None:
+        self._bar.close()
+        self.counters.wall_time_s = time.perf_counter() - self._start
+
+    def on_batch(self, batch: TensorDictBase, collector, eval_env) -> bool:
+        """One collected batch: store it, take the loss's planned updates, push the weights to ``collector``,
+        evaluate / log / checkpoint when due. Returns True once ``total_frames`` steps were collected."""
+        cfg, c = self.cfg, self.counters
+        window, returns = self._window, self._returns
+        batch = self.loss.preprocess(batch)
+        steps = batch.numel()
+        c.env_steps += steps
+        done = batch.get(("next", "done"))
+        returns += batch.get(("next", "episode_reward"))[done].tolist()
+        c.episodes += int(done.sum())
+        slots = self.replay.extend(batch)
+        self.loss.after_extend(batch, slots, self.replay)
+        self.online.push(batch)
+        for share in self.loss.update_plan(self.rng):
+            sample = self.draw_batch(share)
+            if sample is None:
+                continue
+            for key, value in self.update(sample).items():
+                window.setdefault(key, []).append(value)
+        self.sync_acting_policy()
+        collector.update_policy_weights_()
+        c.wall_time_s = time.perf_counter() - self._start
+        self._bar.update(steps)
+        metrics = {k: float(np.mean(v)) for k, v in window.items()}
+        if returns:
+            metrics["train_return"] = float(np.mean(returns))
+            self._bar.set_postfix(ret=f"{metrics['train_return']:.1f}", upd=c.updates)
+        if c.env_steps >= c.next_eval:
+            metrics["eval_return_mean"], metrics["eval_return_std"] = evaluate(cfg, self.acting, eval_env)
+            c.next_eval += cfg.eval.interval * max(1, math.ceil((c.env_steps - c.next_eval + 1) / cfg.eval.interval))
+            metrics["replay_steps"] = len(self.replay)
+            self.log.row(c.env_steps, c.updates, c.wall_time_s, metrics)
+            window.clear()
+            returns.clear()
+        if c.env_steps >= c.next_checkpoint:
+            self.checkpoint()
+            c.next_checkpoint += cfg.log.checkpoint_interval * max(
+                1, math.ceil((c.env_steps - c.next_checkpoint + 1) / cfg.log.checkpoint_interval)
+            )
+        return c.env_steps >= cfg.total_frames
 
 
 def train(cfg: Config) -> dict:

@@ -1,0 +1,168 @@
+"""Collectors: worker processes that act in their envs while the learner trains.
+
+:func:`make_collector` builds a ``torchrl.collectors.MultiAsyncCollector`` (``num_workers >= 1``) or the
+single-process ``Collector`` (``num_workers == 0``, for debugging) with the same interface:
+
+- iterate it for batches: one worker's ``frames_per_batch`` steps, ``[T]`` for an env with one game or
+  ``[num_envs, T]`` for a batched env (``EnvConfig.num_envs > 1``), time last, trajectories continuing
+  across batches. ``("collector", "traj_ids")`` numbers each trajectory (one env's episode, or the part
+  of it since the collector started) uniquely across workers and envs;
+- ``update_policy_weights_()`` copies the learner policy's current parameters to every worker's acting
+  policy (shared memory; see :class:`~torchrl.weight_update.SharedMemWeightSyncScheme`);
+- ``shutdown()`` (also ``close()``, or leaving a ``with`` block) stops the workers.
+
+Acting happens on CPU: the policy handed to :func:`make_collector` must live there.
+
+The exit hang. In torchrl 0.14 a multi-process collector that is not shut down hangs the interpreter at
+exit: ``multiprocessing``'s exit handler joins worker processes that were never told to stop (the
+collector's own ``__del__`` would only run later). Its weight-sync scheme also holds multiprocessing
+queues and, in each worker, a thread waiting on them; left to ``__del__`` during interpreter teardown,
+its ``shutdown()`` puts a "stop" message and joins the queue's feeder thread. So the collectors made here
+(a) on ``shutdown()`` first shut down their weight-sync schemes (the workers' receiver threads stop while
+everything is alive; a later ``__del__`` has nothing left to do), then their workers, and (b) register
+with an ``atexit`` hook that runs before ``multiprocessing``'s and shuts down every collector still open.
+``tests/test_collectors.py`` runs scripts in a subprocess that must exit, with or without ``close()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import multiprocessing.util  # noqa: F401  (registers its exit handler now: ours, registered below, runs first)
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tensordict.nn import TensorDictModuleBase
+from torchrl.collectors import Collector, MultiAsyncCollector
+from torchrl.envs import EnvBase
+from torchrl.weight_update import SharedMemWeightSyncScheme
+
+WORKER_SEED_STRIDE = 1_000  # worker i's seeds start at seed + WORKER_SEED_STRIDE * i
+
+_OPEN_COLLECTORS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _shutdown_open_collectors() -> None:
+    for collector in list(_OPEN_COLLECTORS):
+        collector.shutdown(raise_on_error=False)
+
+
+# atexit runs handlers last-in first-out: this one before multiprocessing's, which joins the workers.
+atexit.register(_shutdown_open_collectors)
+
+
+class _ClosingCollector:
+    """Mixin: ``close()``, context manager, weight-sync schemes shut down before the workers, atexit net."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _OPEN_COLLECTORS.add(self)
+
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        _OPEN_COLLECTORS.discard(self)
+        try:
+            for scheme in (getattr(self, "_weight_sync_schemes", None) or {}).values():
+                scheme.shutdown()
+        finally:
+            super().shutdown(timeout=timeout, close_env=close_env, raise_on_error=raise_on_error)
+
+    def close(self) -> None:
+        self.shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+
+
+class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
+    """``MultiAsyncCollector`` that shuts down cleanly (see the module docstring)."""
+
+
+class InProcessCollector(_ClosingCollector, Collector):
+    """Single-process ``Collector`` with the same ``close()`` / context-manager interface."""
+
+
+@dataclass
+class _WorkerEnv:
+    """Env factory called in a worker process: seeds that process's torch and numpy RNGs (the acting
+    policy samples with torch) and, when ``seed_env``, the env itself."""
+
+    create_env_fn: Callable[[], EnvBase]
+    seed: int
+    seed_env: bool
+
+    def __call__(self) -> EnvBase:
+        if "SLURM_JOB_ID" in os.environ:
+            # SLURM signals every process of a job on requeue/preemption; the learner process handles it
+            # (submitit checkpoint + requeue) and shuts the workers down itself, SIGKILL still ends them.
+            for sig in (signal.SIGTERM, signal.SIGUSR2):
+                signal.signal(sig, signal.SIG_IGN)
+        torch.manual_seed(self.seed)
+        np.random.seed(self.seed % 2**32)
+        env = self.create_env_fn()
+        if self.seed_env:
+            env.set_seed(self.seed)
+        return env
+
+
+def make_collector(
+    create_env_fn: Callable[[], EnvBase] | Sequence[Callable[[], EnvBase]],
+    policy: TensorDictModuleBase,
+    *,
+    num_workers: int,
+    frames_per_batch: int,
+    total_frames: int = -1,
+    seed: int = 0,
+    env_device: str | torch.device = "cpu",
+) -> MultiProcessCollector | InProcessCollector:
+    """Collector over ``num_workers`` worker processes (``0``: in this process).
+
+    Args:
+        create_env_fn: one picklable env factory for every worker, or a list with one per worker (e.g.
+            ``[make_env_fn(cfg, seed=s_i) for i ...]``). A single factory's envs are seeded here (worker i:
+            ``seed + WORKER_SEED_STRIDE * i``); a list's factories seed their own envs.
+        policy: the acting policy, a TensorDict module on CPU. Worker i's torch RNG is seeded with
+            ``seed + WORKER_SEED_STRIDE * i``.
+        num_workers: worker processes (``0``: the single-process debug collector).
+        frames_per_batch: env steps in one yielded batch (one worker, all of its envs): a multiple of the
+            env's ``num_envs`` (TorchRL rounds it up, with a warning, otherwise).
+        total_frames: env steps after which iteration stops (``-1``: never).
+        seed: base seed, see above.
+        env_device: device of the envs' outputs.
+    """
+    if num_workers < 0:
+        raise ValueError(f"collector.workers must be >= 0, got {num_workers}")
+    devices = {p.device.type for p in policy.parameters()} | {b.device.type for b in policy.buffers()}
+    if devices - {"cpu"}:
+        raise ValueError(f"the acting policy must be on CPU (collectors act on CPU), got parameters on {sorted(devices)}")
+    shared = not isinstance(create_env_fn, Sequence)
+    env_fns = [create_env_fn] * max(num_workers, 1) if shared else list(create_env_fn)
+    if len(env_fns) != max(num_workers, 1):
+        raise ValueError(f"got {len(env_fns)} env factories for {num_workers} workers: pass one, or one per worker")
+    common = {
+        "frames_per_batch": frames_per_batch,
+        "total_frames": total_frames,
+        "env_device": env_device,
+        "policy_device": "cpu",
+        "storing_device": "cpu",
+        # Our envs carry InitTracker and the caller passes the policy's primers: no automatic wrapping.
+        "auto_register_policy_transforms": False,
+    }
+    if num_workers == 0:
+        env = env_fns[0]()
+        if shared:
+            env.set_seed(seed)
+        return InProcessCollector(env, policy, **common)
+    workers = [_WorkerEnv(fn, seed + WORKER_SEED_STRIDE * i, shared) for i, fn in enumerate(env_fns)]
+    return MultiProcessCollector(
+        workers,
+        policy,
+        weight_sync_schemes={"policy": SharedMemWeightSyncScheme()},
+        **common,
+    )

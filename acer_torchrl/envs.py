@@ -1,0 +1,293 @@
+"""Environments: classic control, MuJoCo v5 and Atari (ale-py), as TorchRL envs.
+
+Cheap per-env work happens below TorchRL, in numpy: gymnasium's time limit, CartPole's POMDP mask and
+the float64 -> float32 cast of MuJoCo observations are gymnasium wrappers, and Atari's standard DQN
+preprocessing (no-op starts, frame skip with a max-pool of the last two frames, 84x84 grey uint8 frames,
+frame stack) is done by ale-py's C++ vector env, without OpenCV. TorchRL wraps the result
+(``GymWrapper``) and appends ``InitTracker`` ("is_init"), ``StepCounter`` ("step_count"), ``RewardSum``
+("episode_reward") and any extra transforms (e.g. the primers of recurrent policies). Each TorchRL
+transform costs about 0.1 ms per (batched) step, ten CartPole steps, hence this split.
+
+Several envs per collector worker (``EnvConfig.num_envs > 1``) are stepped together in one TorchRL env:
+gymnasium's ``SyncVectorEnv`` (or ale-py's vector env) with autoreset disabled, TorchRL resetting the
+finished envs through its ``"_reset"`` mask. That env has ``batch_size == [num_envs]`` and the collected
+batches are ``[num_envs, T]``; with ``num_envs == 1`` it has ``batch_size == []`` and batches are ``[T]``.
+One batched env amortises TorchRL's per-step cost and batches the policy's inference (see
+``benchmarks/results/throughput.md``).
+
+Discrete actions are integer indices (``categorical_action_encoding``), continuous actions are left
+unclipped (MuJoCo and Pendulum clip them themselves). A time limit ends an episode with
+``truncated=True, terminated=False``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+
+import ale_py
+import gymnasium as gym
+import mujoco
+import numpy as np
+import torch
+from ale_py.vector_env import AtariVectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from torchrl.envs import EnvBase, GymWrapper, InitTracker, RewardSum, StepCounter, TransformedEnv
+from torchrl.envs.transforms import Transform
+
+gym.register_envs(ale_py)
+
+FAMILIES = (
+    "classic control (CartPole-v1, Acrobot-v1, Pendulum-v1, ...), "
+    "MuJoCo v5 (Hopper-v5, HalfCheetah-v5, Walker2d-v5, ...), "
+    "Atari through ale-py (ALE/Pong-v5, ALE/Breakout-v5, ...)"
+)
+_CARTPOLE_POSITIONS = [0, 2]  # cart position x and pole angle theta; 1 and 3 are their velocities
+
+
+@dataclass
+class EnvConfig:
+    name: str = "CartPole-v1"  # a gymnasium id of one of FAMILIES
+    pomdp: bool = False  # CartPole only: observe x and theta, not the velocities
+    num_envs: int = 1  # envs stepped together in one collector worker (batches [num_envs, T] when > 1)
+    frame_skip: int = 4  # Atari: agent steps repeat the action this many frames (max-pool of the last two)
+    noop_max: int = 30  # Atari: up to this many no-op frames after a reset
+    episodic_life: bool = False  # Atari: a lost life terminates the episode
+    frame_stack: int = 4  # Atari: frames stacked in an observation (1 for recurrent agents)
+    max_episode_steps: int | None = None  # time limit in agent steps (None: the id's registered limit)
+    repeat_action_probability: float | None = None  # Atari sticky actions (None: the id's, 0.25 for v5)
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    """What networks need to know about an env, read from its TorchRL specs."""
+
+    obs_shape: tuple[int, ...]  # one env's observation ("observation"), without batch dims
+    obs_dtype: torch.dtype
+    discrete: bool
+    num_actions: int | None = None  # discrete: actions are integer indices in [0, num_actions)
+    action_dim: int | None = None  # continuous: size of the action vector
+    action_low: tuple[float, ...] | None = None  # continuous: bounds of the action space
+    action_high: tuple[float, ...] | None = None
+
+
+def env_family(name: str) -> str:
+    """``"classic"``, ``"mujoco"`` or ``"atari"``; a ``ValueError`` naming ``env.name`` otherwise."""
+    spec = gym.registry.get(name)
+    entry = spec.entry_point if spec is not None else None
+    if isinstance(entry, str):
+        if entry.startswith("gymnasium.envs.classic_control."):
+            return "classic"
+        if entry.startswith("gymnasium.envs.mujoco."):
+            if spec.version != 5:
+                raise ValueError(f"env.name {name!r}: only MuJoCo v5 tasks are supported, use '{spec.name}-v5'")
+            return "mujoco"
+        if entry == "ale_py.env:AtariEnv":
+            if spec.kwargs.get("obs_type", "rgb") != "rgb":
+                raise ValueError(f"env.name {name!r}: Atari ids with RAM/grey observations are not supported, use e.g. 'ALE/Pong-v5'")
+            return "atari"
+    raise ValueError(f"unknown env.name {name!r}: supported families are {FAMILIES}")
+
+
+def _validate(cfg: EnvConfig) -> None:
+    for key, low in (("num_envs", 1), ("frame_skip", 1), ("noop_max", 0), ("frame_stack", 1)):
+        if getattr(cfg, key) < low:
+            raise ValueError(f"env.{key} must be >= {low}, got {getattr(cfg, key)}")
+    if cfg.max_episode_steps is not None and cfg.max_episode_steps < 1:
+        raise ValueError(f"env.max_episode_steps must be >= 1 or None, got {cfg.max_episode_steps}")
+    if cfg.pomdp and cfg.name != "CartPole-v1":
+        raise ValueError(f"env.pomdp=true is defined for CartPole-v1 only (got env.name {cfg.name!r})")
+    rap = cfg.repeat_action_probability
+    if rap is not None and not 0.0 <= rap <= 1.0:
+        raise ValueError(f"env.repeat_action_probability must be in [0, 1] or None, got {rap}")
+
+
+class _VectorObservation(gym.ObservationWrapper):
+    """Keeps the observation entries ``keep`` (all when ``None``) as float32."""
+
+    def __init__(self, env: gym.Env, keep: list[int] | None = None):
+        super().__init__(env)
+        self.keep = slice(None) if keep is None else keep
+        space = env.observation_space
+        self.observation_space = gym.spaces.Box(
+            space.low[self.keep].astype(np.float32), space.high[self.keep].astype(np.float32), dtype=np.float32
+        )
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return observation[self.keep].astype(np.float32, copy=False)
+
+
+@contextlib.contextmanager
+def _quiet_mujoco_compiler() -> Iterator[None]:
+    """Drops MuJoCo's known-harmless deprecation warning about gymnasium's own HalfCheetah model
+    (``settotalmass``), printed once per env otherwise; other MuJoCo warnings still reach stderr."""
+
+    def warn(message: str) -> None:
+        if "settotalmass" not in message:
+            sys.stderr.write(f"WARNING: {message}\n")
+
+    mujoco.set_mju_user_warning(warn)
+    try:
+        yield
+    finally:
+        mujoco.set_mju_user_warning(None)
+
+
+def _make_gym_env(cfg: EnvConfig) -> gym.Env:
+    """One classic-control or MuJoCo gymnasium env with the time limit, POMDP mask and float32 cast."""
+    with _quiet_mujoco_compiler():
+        env = gym.make(cfg.name, max_episode_steps=cfg.max_episode_steps, disable_env_checker=True)
+    if cfg.pomdp or env.observation_space.dtype != np.float32:
+        env = _VectorObservation(env, _CARTPOLE_POSITIONS if cfg.pomdp else None)
+    return env
+
+
+class _AtariVectorEnv(AtariVectorEnv):
+    """ale-py's C++ vector env (standard preprocessing) with autoreset disabled.
+
+    ale-py has no ``DISABLED`` autoreset mode. It runs in ``NEXT_STEP`` mode, where an explicit partial
+    reset (``reset_mask``) of a finished env clears its pending autoreset (checked in tests/test_envs.py),
+    so declaring ``DISABLED`` lets TorchRL reset finished envs itself, as it does for gymnasium vector envs.
+
+    Episodic life (DQN): ale-py's ``life_loss_info`` ends the episode on a lost life while the game goes on;
+    the reset TorchRL then asks for is skipped for those envs, so the next episode continues the game.
+    """
+
+    def __init__(self, *, episodic_life: bool, **kwargs):
+        super().__init__(autoreset_mode=AutoresetMode.NEXT_STEP, life_loss_info=episodic_life, **kwargs)
+        self.autoreset_mode = AutoresetMode.DISABLED
+        self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.DISABLED}
+        self.episodic_life = episodic_life
+        self.life_lost = np.zeros(self.num_envs, dtype=bool)  # ended by a lost life, game not over
+
+    def step(self, actions: np.ndarray):
+        obs, reward, terminated, truncated, info = super().step(actions)
+        if self.episodic_life:
+            self.life_lost = terminated & ~truncated & (info["lives"] > 0)
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        options = dict(options or {})
+        mask = options.get("reset_mask", np.ones(self.num_envs, dtype=bool))
+        if seed is None and self.life_lost.any():
+            options["reset_mask"] = mask & ~self.life_lost
+        self.life_lost = self.life_lost & ~mask
+        return super().reset(seed=seed, options=options or None)
+
+
+class _SingleEnvView(gym.Env):
+    """A one-env vector env seen as a plain gymnasium env (TorchRL batch size ``[]``)."""
+
+    def __init__(self, vector_env: gym.vector.VectorEnv):
+        self.vector_env = vector_env
+        self.observation_space = vector_env.single_observation_space
+        self.action_space = vector_env.single_action_space
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        obs, info = self.vector_env.reset(seed=seed, options=options)
+        return obs[0], {k: v[0] for k, v in info.items()}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.vector_env.step(np.asarray(action).reshape(1))
+        return obs[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), {k: v[0] for k, v in info.items()}
+
+    def close(self):
+        self.vector_env.close()
+
+
+def atari_vector_env(cfg: EnvConfig, num_envs: int) -> AtariVectorEnv:
+    """The gymnasium-level Atari env of ``cfg`` (``num_envs`` games, standard DQN preprocessing)."""
+    kwargs = gym.registry[cfg.name].kwargs
+    max_frames = kwargs["max_num_frames_per_episode"]
+    if cfg.max_episode_steps is not None:
+        max_frames = cfg.max_episode_steps * cfg.frame_skip
+    rap = cfg.repeat_action_probability
+    return _AtariVectorEnv(
+        game=kwargs["game"],
+        num_envs=num_envs,
+        num_threads=1,  # the collector's worker processes are the parallelism
+        frameskip=cfg.frame_skip,
+        maxpool=True,
+        noop_max=cfg.noop_max,
+        episodic_life=cfg.episodic_life,  # see _AtariVectorEnv
+        stack_num=cfg.frame_stack,
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        max_num_frames_per_episode=max_frames,
+        repeat_action_probability=kwargs["repeat_action_probability"] if rap is None else rap,
+        full_action_space=kwargs.get("full_action_space", False),
+        reward_clipping=False,  # raw rewards: episode returns are reported unclipped; losses may clip
+        use_fire_reset=False,
+    )
+
+
+def _base_env(cfg: EnvConfig, family: str, device) -> EnvBase:
+    if family == "atari":
+        gym_env = atari_vector_env(cfg, cfg.num_envs)
+        if cfg.num_envs == 1:
+            gym_env = _SingleEnvView(gym_env)
+    elif cfg.num_envs == 1:
+        gym_env = _make_gym_env(cfg)
+    else:
+        gym_env = SyncVectorEnv([partial(_make_gym_env, cfg)] * cfg.num_envs, autoreset_mode=AutoresetMode.DISABLED)
+    return GymWrapper(gym_env, categorical_action_encoding=True, device=device)
+
+
+def make_env(
+    cfg: EnvConfig,
+    seed: int | None = None,
+    device: str | torch.device = "cpu",
+    extra_transforms: Sequence[Transform] = (),
+) -> TransformedEnv:
+    """The TorchRL env of ``cfg``: observation under ``"observation"``, plus "is_init", "step_count" and
+    "episode_reward" in every step. ``extra_transforms`` (e.g. ``lstm.make_tensordict_primer()``) are
+    appended last; they are cloned, so the same list can build many envs. ``seed`` seeds the env (its
+    ``num_envs`` games get ``seed, seed + 1, ...``).
+    """
+    family = env_family(cfg.name)
+    _validate(cfg)
+    env = TransformedEnv(_base_env(cfg, family, device), InitTracker())
+    env.append_transform(StepCounter())
+    env.append_transform(RewardSum())
+    for transform in extra_transforms:
+        env.append_transform(transform.clone())
+    if seed is not None:
+        env.set_seed(seed)
+    return env
+
+
+def make_env_fn(
+    cfg: EnvConfig, seed: int | None = None, extra_transforms: Sequence[Transform] = ()
+) -> Callable[[], TransformedEnv]:
+    """A picklable zero-argument env factory (for collector workers)."""
+    return partial(make_env, cfg, seed, "cpu", tuple(extra_transforms))
+
+
+def env_info(cfg: EnvConfig) -> EnvInfo:
+    """Observation and action facts of ``cfg``'s env (builds one env with one game, reads its specs)."""
+    env = make_env(replace(cfg, num_envs=1))
+    try:
+        obs = env.observation_spec["observation"]
+        action = env.action_spec
+        common = {"obs_shape": tuple(obs.shape), "obs_dtype": obs.dtype}
+        if action.domain == "discrete":
+            return EnvInfo(**common, discrete=True, num_actions=int(action.space.n))
+        return EnvInfo(
+            **common,
+            discrete=False,
+            action_dim=int(action.shape[-1]),
+            action_low=tuple(action.space.low.tolist()),
+            action_high=tuple(action.space.high.tolist()),
+        )
+    finally:
+        env.close()
+
+
+def validate_env_config(cfg: EnvConfig) -> None:
+    """Check ``cfg`` without building an env: a ``ValueError`` with one line naming the key otherwise."""
+    env_family(cfg.name)
+    _validate(cfg)
