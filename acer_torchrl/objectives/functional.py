@@ -1,0 +1,333 @@
+"""Pure tensor estimators shared by the ACER, Reactor, V-RACER and LASER losses.
+
+No modules, no TensorDicts: plain functions on tensors, in the layout of
+``torchrl.objectives.value.functional``.
+
+Conventions (all estimators)
+----------------------------
+* Per-step tensors are ``[*B, T, 1]``: any number of batch dims, time on dim -2.
+* ``terminated[t]`` and ``done[t]`` (bool) describe the transition ``s_t -> s_{t+1}``, with
+  ``done = terminated | truncated``. ``next_state_value[t]`` is ``V(s_{t+1})``.
+* A **terminated** step does not bootstrap (``V(s_{t+1})`` is multiplied by 0). A **truncated**
+  step bootstraps on ``V(s_{t+1}) = next_state_value[t]`` (the value of the state where the episode
+  was cut) but, like any ``done`` step, cuts the trace: row ``t+1`` of the window then belongs to a
+  new episode and nothing from it leaks back into row ``t``.
+* The last row of the window bootstraps on ``next_state_value[T-1]`` with no correction beyond the
+  window (ACER Alg. 2-3 start the backward recursion from ``V(x_k)``, resp. 0 when terminal).
+* Within one episode ``next_state_value[t]`` and ``state_value[t+1]`` (resp. ``Q``) are the same
+  number ``V(s_{t+1})``; the estimators use ``next_state_value`` for one-step bootstraps and the
+  row ``t+1`` quantities for the multi-step corrections, as TorchRL's ``vtrace_advantage_estimate``.
+
+Gradients: the estimators are ordinary differentiable torch functions (the scans below are
+autograd-safe). They do **not** detach anything: callers must ``.detach()`` the targets (or call
+them under ``torch.no_grad()``) when they use them as regression targets or advantages.
+
+Speed: the backward recursions of Retrace and V-trace are first-order linear recurrences
+``x_t = a_t * x_{t+1} + b_t``. They are solved by :func:`_affine_scan`, vectorised over every batch
+dim: a plain loop over ``t`` for short windows, a log-depth associative scan (odd-even reduction)
+on the affine maps ``x -> a x + b`` for long ones (see ``benchmarks/results/estimators.md``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "retrace",
+    "vtrace",
+    "implied_policy_kl",
+    "acer_trust_region",
+    "refer_c_max",
+    "refer_lr",
+    "refer_beta_update",
+]
+
+# The odd-even reduction of :func:`_affine_scan` halves the window until it is at most this long,
+# then a plain loop over t finishes it (crossover measured on 2 CPU cores, see
+# benchmarks/results/estimators.md); windows this short are solved by the loop alone.
+SCAN_MIN_T = 16
+
+_LOG2_E = math.log2(math.e)
+
+
+def _backward_loop(a: Tensor, b: Tensor) -> Tensor:
+    """Solves ``x_t = a_t x_{t+1} + b_t`` over dim 0 backwards (``x_T = 0``), one step at a time."""
+    a_rows, b_rows = a.unbind(0), b.unbind(0)
+    x = b_rows[-1]
+    xs = [x]
+    for t in range(len(b_rows) - 2, -1, -1):
+        x = torch.addcmul(b_rows[t], a_rows[t], x)
+        xs.append(x)
+    xs.reverse()
+    return torch.stack(xs, dim=0)
+
+
+def _affine_scan(a: Tensor, b: Tensor) -> Tensor:
+    """Solves ``x_t = a_t x_{t+1} + b_t`` for ``t = T-1, ..., 0`` with ``x_T = 0``; time is dim -2.
+
+    Vectorised over every other dim. Log-depth for long windows: odd-even (cyclic) reduction,
+    the work-efficient associative scan on the affine maps ``f_t(x) = a_t x + b_t``. Composing two
+    consecutive maps, ``f_{2i} o f_{2i+1} = (a_{2i} a_{2i+1}, a_{2i} b_{2i+1} + b_{2i})``, gives a
+    recurrence of the same form on the even rows alone, half as long; this repeats until at most
+    ``SCAN_MIN_T`` rows remain, which a loop over t solves; then each odd row follows from the
+    even row after it, ``x_{2i+1} = a_{2i+1} x_{2i+2} + b_{2i+1}``, level by level. O(T) work,
+    ``2 log2(T / SCAN_MIN_T)`` vectorised levels plus ``SCAN_MIN_T`` loop steps. Composing maps
+    only multiplies and adds (no division by products of traces), so it is as stable as the loop.
+
+    Products of many small coefficients underflow, and float32 denormals make CPU arithmetic
+    many times slower, so composed coefficients ``a <= sqrt(finfo.tiny)`` (1e-19 in float32) are
+    set to 0. That changes ``x`` by at most ``sqrt(tiny) * max|x|``, far below float rounding,
+    and keeps every product of two coefficients a normal number. Requires ``a >= 0`` (in every
+    caller a discount times a trace).
+    """
+    a, b = a.movedim(-2, 0), b.movedim(-2, 0)  # time-major views, no copy
+    tiny = torch.finfo(b.dtype).tiny ** 0.5
+    odd_rows = []
+    while b.shape[0] > SCAN_MIN_T:
+        n, m = b.shape[0], b.shape[0] // 2
+        a_even, a_odd, b_even, b_odd = a[0::2], a[1::2], b[0::2], b[1::2]
+        odd_rows.append((a_odd, b_odd))
+        b_next = torch.addcmul(b_even[:m], a_even[:m], b_odd)
+        a_next = torch.threshold_(a_even[:m] * a_odd, tiny, 0.0)
+        if n % 2:  # the last even row has no odd partner: its map is unchanged
+            b_next = torch.cat([b_next, b_even[m:]])
+            a_next = torch.cat([a_next, a_even[m:]])
+        a, b = a_next, b_next
+    x = _backward_loop(a, b)
+    for a_odd, b_odd in reversed(odd_rows):
+        m = a_odd.shape[0]
+        if x.shape[0] > m:  # odd length: every odd row has an even row after it
+            x_odd = torch.addcmul(b_odd, a_odd, x[1:])
+            x = torch.cat([torch.stack([x[:m], x_odd], dim=1).flatten(0, 1), x[m:]])
+        else:  # even length: the last odd row is the window's last row, x_T = 0
+            x_odd = torch.cat([torch.addcmul(b_odd[:-1], a_odd[:-1], x[1:]), b_odd[-1:]])
+            x = torch.stack([x, x_odd], dim=1).flatten(0, 1)
+    return x.movedim(0, -2)
+
+
+def _check_shapes(**tensors: Tensor) -> None:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    first = next(iter(shapes.values()))
+    if len(first) < 2 or any(s != first for s in shapes.values()):
+        raise ValueError(
+            "estimator inputs must all have the same shape [*B, T, 1] (time on dim -2); "
+            f"got {shapes}"
+        )
+
+
+def _as_float(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """0/1 float copy of a bool mask (through uint8: ~7x faster than ``mask.to(dtype)`` on CPU)."""
+    return mask.view(torch.uint8).to(dtype)
+
+
+def _shift_up(x: Tensor) -> Tensor:
+    """Row ``t`` of the result is row ``t+1`` of ``x``; the last row is 0 (nothing beyond it)."""
+    return torch.cat([x[..., 1:, :], torch.zeros_like(x[..., :1, :])], dim=-2)
+
+
+def retrace(
+    gamma: float | Tensor,
+    reward: Tensor,
+    state_action_value: Tensor,
+    next_state_value: Tensor,
+    trace: Tensor,
+    terminated: Tensor,
+    done: Tensor,
+) -> Tensor:
+    """Retrace target ``Q^ret`` (ACER, Wang et al. 2017, eq. 5 and Alg. 2-3).
+
+    ``Q^ret_t = r_t + gamma (1 - terminated_t) [ V(s_{t+1})
+                    + (1 - done_t) c_{t+1} (Q^ret_{t+1} - Q(s_{t+1}, a_{t+1})) ]``
+
+    with the last row of the window bootstrapping on ``V(s_T)`` alone (``Q^ret <- V(x_k)`` in
+    Alg. 2-3, 0 when ``x_k`` is terminal). ``trace[t]`` is ``c_t`` for step ``t``'s own action:
+    ``min(c, rho_t)`` for ACER's discrete Retrace, ``min(1, rho_t^(1/d))`` for its continuous one
+    (Sec. 5), all ones for ``Q^opc`` (eq. 21, App. B). ``done_t`` cuts the trace so that the next
+    episode in the window (from row ``t+1``) never leaks into row ``t``.
+
+    Args:
+        gamma: discount, ``>= 0``.
+        reward: ``r_t``, ``[*B, T, 1]``.
+        state_action_value: ``Q(s_t, a_t)``, ``[*B, T, 1]``.
+        next_state_value: ``V(s_{t+1})``, ``[*B, T, 1]``.
+        trace: ``c_t >= 0``, ``[*B, T, 1]``.
+        terminated, done: bool ``[*B, T, 1]``.
+
+    Returns:
+        ``Q^ret``, ``[*B, T, 1]``; differentiable, not detached.
+    """
+    _check_shapes(
+        reward=reward,
+        state_action_value=state_action_value,
+        next_state_value=next_state_value,
+        trace=trace,
+        terminated=terminated,
+        done=done,
+    )
+    continues = _as_float(~(done | terminated), reward.dtype)
+    discount = gamma * _as_float(~terminated, reward.dtype)
+    # Q^ret_t = a_t Q^ret_{t+1} + b_t, a_t = gamma (1-term_t)(1-done_t) c_{t+1} (0 on the last row),
+    # b_t = r_t + gamma (1-term_t) V(s_{t+1}) - a_t Q(s_{t+1}, a_{t+1})         (ACER eq. 5)
+    a = gamma * continues * _shift_up(trace)
+    b = torch.addcmul(reward, discount, next_state_value)
+    b = torch.addcmul(b, a, _shift_up(state_action_value), value=-1)
+    return _affine_scan(a, b)
+
+
+def vtrace(
+    gamma: float | Tensor,
+    reward: Tensor,
+    state_value: Tensor,
+    next_state_value: Tensor,
+    log_rho: Tensor,
+    terminated: Tensor,
+    done: Tensor,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    relevance: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """V-trace targets and policy-gradient advantages (IMPALA, Espeholt et al. 2018, eq. 1 and
+    Sec. 4.2), with LASER's trust-region relevance mask (Schmitt et al. 2019, eq. 7).
+
+    With ``rho_t = exp(log_rho_t) = pi(a_t|s_t) / mu(a_t|s_t)``, ``rhō_t = min(rho_bar, rho_t)``,
+    ``c_t = min(c_bar, rho_t)`` and
+    ``delta_t = r_t + gamma (1 - terminated_t) V(s_{t+1}) - V(s_t)``:
+
+    ``v_t - V(s_t) = rhō_t delta_t + gamma (1 - done_t) c_t (v_{t+1} - V(s_{t+1}))``
+
+    (IMPALA eq. 1 in recursive form; LASER Sec. 2.3), cut at ``done`` and at the window end, where
+    the last row bootstraps on ``V(s_T)`` through ``delta``. The policy-gradient advantage is
+
+    ``A_t = rhō_t (r_t + gamma (1 - terminated_t) v_{t+1} - V(s_t))``
+
+    where ``v_{t+1}`` is the target of row ``t+1`` when it is in the same episode (``done_t``
+    false) and ``V(s_{t+1}) = next_state_value[t]`` otherwise or on the last row.
+
+    **Relevance mask (LASER eq. 7).** ``relevance`` (bool, ``[*B, T, 1]``) is the paper's
+    ``lambda(s_t) = 1[beta(pi, mu, s_t) < b]`` (relevant = KL below the threshold, as
+    ``M_beta`` in LASER Sec. 4.1; the ``> b`` printed under eq. 7 contradicts it). Eq. 7 multiplies every ``c_{t+i}`` in the trace
+    product by ``lambda(s_{t+i})`` and the ``rho_{t+k} delta_{t+k}`` term by ``lambda(s_{t+k})``;
+    in the recursion above that is exactly ``rhō_t <- lambda_t rhō_t`` and ``c_t <- lambda_t c_t``.
+    For a rejected step ``j`` (``lambda_j = 0``) this means:
+
+    * ``value_target[j] = V(s_j)`` and ``pg_advantage[j] = 0`` (its ``rho delta`` term is 0), so
+      with a detached target it contributes no value or policy gradient;
+    * the bootstrap stops at ``s_j``: an earlier step ``t < j`` of the same episode sums
+      corrections only up to ``j - 1`` (its trace product holds ``lambda_j c_j = 0``), so its last
+      correction ``delta_{j-1} = r_{j-1} + gamma V(s_j) - V(s_{j-1})`` bootstraps on the rejected
+      step's own value ``V(s_j)``, and its advantage uses ``v_j = V(s_j)``;
+    * later steps ``t > j`` are unaffected (the recursion runs backwards).
+
+    **V-RACER.** ReF-ER's ``V^tbc`` (Novati & Koumoutsakos 2019, eq. 8),
+    ``V^tbc_t = V(s_t) + rhō_t [r_{t+1} + gamma V^tbc_{t+1} - V(s_t)]`` with
+    ``rhō_t = min(1, rho_t)`` (their ``r_{t+1}`` is our ``r_t``), is this function with
+    ``rho_bar = c_bar = 1``: then ``c_t = rhō_t`` and the recursion above reads
+    ``v_t = V(s_t) + rhō_t (r_t + gamma V(s_{t+1}) - V(s_t)) + gamma rhō_t (v_{t+1} - V(s_{t+1}))
+    = V(s_t) + rhō_t (r_t + gamma v_{t+1} - V(s_t))`` (tested in ``tests/test_functional.py``).
+
+    Returns:
+        ``(value_target, pg_advantage)``, both ``[*B, T, 1]``; differentiable, not detached.
+    """
+    _check_shapes(
+        reward=reward,
+        state_value=state_value,
+        next_state_value=next_state_value,
+        log_rho=log_rho,
+        terminated=terminated,
+        done=done,
+        **({} if relevance is None else {"relevance": relevance}),
+    )
+    # rho = exp(log_rho), computed as 2^(log_rho log2 e): same values to 1 ulp, and on CPU torch's
+    # exp opens a parallel region even for a few elements, which costs a scheduler tick (10-25 ms
+    # measured) whenever the 2 cores are shared with other processes; exp2 does not.
+    rho = torch.exp2(log_rho * _LOG2_E)
+    same_clip = rho_bar == c_bar
+    rho_clipped = rho.clamp_max(rho_bar)
+    c = rho_clipped if same_clip else rho.clamp_max(c_bar)
+    if relevance is not None:
+        # LASER eq. 7: lambda(s_t) multiplies both the rho and the c of step t.
+        keep = _as_float(relevance, reward.dtype)
+        rho_clipped = rho_clipped * keep
+        c = rho_clipped if same_clip else c * keep
+    discount = gamma * _as_float(~terminated, reward.dtype)  # gamma (1 - terminated_t)
+    continues = _as_float(~(done | terminated), reward.dtype)  # row t+1 is the same episode
+    # rho_t delta_t, delta_t = r_t + gamma (1 - terminated_t) V(s_{t+1}) - V(s_t)
+    weighted_td = rho_clipped * (torch.addcmul(reward, discount, next_state_value) - state_value)
+    # v_t - V(s_t) = rho_t delta_t + gamma (1 - done_t) c_t (v_{t+1} - V(s_{t+1}))  (IMPALA eq. 1)
+    trace_weight = gamma * continues * c
+    value_target = state_value + _affine_scan(trace_weight, weighted_td)
+    # A_t = rho_t (r_t + gamma (1 - terminated_t) v_{t+1} - V(s_t))  (IMPALA Sec. 4.2, LASER eq. 2)
+    #     = rho_t delta_t + gamma (1 - done_t) rho_t (v_{t+1} - V(s_{t+1})): the bracket is 0
+    # where row t+1 is another episode or beyond the window (v_{t+1} := V(s_{t+1}) there)
+    next_target = torch.cat([value_target[..., 1:, :], next_state_value[..., -1:, :]], dim=-2)
+    pg_weight = trace_weight if same_clip else gamma * continues * rho_clipped
+    pg_advantage = torch.addcmul(weighted_td, pg_weight, next_target - next_state_value)
+    return value_target, pg_advantage
+
+
+def implied_policy_kl(log_pi: Tensor, log_mu: Tensor, rho_bar: float = 1.0) -> Tensor:
+    """``KL(pi || pi~_mu)`` over the last (action) dim, LASER (Schmitt et al. 2019) eq. 3 / 8.
+
+    ``pi~_mu(a) = min(rho_bar mu(a), pi(a)) / sum_b min(rho_bar mu(b), pi(b))`` is the policy
+    whose value V-trace actually estimates (LASER Prop. 1). LASER Sec. 4.3 uses this KL as the
+    behaviour relevance ``beta_KL``. Computed in log space; actions with ``pi(a) = 0`` add 0.
+
+    Args:
+        log_pi, log_mu: log-probabilities over actions, ``[*, A]``.
+        rho_bar: V-trace's clipping level ``rhō``.
+
+    Returns:
+        ``[*, 1]``.
+    """
+    # log min(rho_bar mu(a), pi(a)), normalised over actions (LASER eq. 3)
+    log_min = torch.minimum(log_pi, log_mu + math.log(rho_bar))
+    log_implied = log_min - torch.logsumexp(log_min, dim=-1, keepdim=True)
+    # sum_a pi(a) (log pi(a) - log pi~(a)); the where keeps 0 * (-inf + inf) out of values and grads
+    log_ratio = torch.where(log_pi > -math.inf, log_pi - log_implied, torch.zeros_like(log_pi))
+    return (log_pi.exp() * log_ratio).sum(dim=-1, keepdim=True)
+
+
+def acer_trust_region(g: Tensor, k: Tensor, delta: float | Tensor) -> Tensor:
+    """ACER's trust-region projection of a gradient (Wang et al. 2017, eq. 12), row-wise:
+
+    ``z* = g - max(0, (k^T g - delta) / ||k||^2) k``,
+
+    the solution of ``min_z ||g - z||^2 / 2`` s.t. ``k^T z <= delta`` (eq. 11). ``g`` and ``k`` are
+    ``[*, D]`` (gradients w.r.t. the policy statistics ``phi``, ``k`` the gradient of
+    ``KL(f(.|phi_avg) || f(.|phi))``), ``delta >= 0``. Rows with ``k = 0`` satisfy the
+    constraint (``k^T z = 0 <= delta``) and return ``g`` unchanged: the denominator is clamped
+    away from 0 and the numerator ``-delta`` then clips the scale to 0.
+    """
+    k_dot_g = (k * g).sum(dim=-1, keepdim=True)
+    k_sq = (k * k).sum(dim=-1, keepdim=True)
+    scale = ((k_dot_g - delta) / k_sq.clamp_min(torch.finfo(k_sq.dtype).tiny)).clamp_min(0.0)
+    return g - scale * k
+
+
+def refer_c_max(step: int | float | Tensor, C: float, A: float) -> float | Tensor:
+    """ReF-ER's annealed cut-off ``c_max(t) = 1 + C / (1 + A t)`` (Novati & Koumoutsakos 2019,
+    eq. 13); a step with ``1/c_max < rho_t < c_max`` is near-policy (eq. 10)."""
+    return 1.0 + C / (1.0 + A * step)
+
+
+def refer_lr(step: int | float | Tensor, lr0: float, A: float) -> float | Tensor:
+    """ReF-ER's annealed learning rate ``eta(t) = eta / (1 + A t)`` (ReF-ER eq. 13)."""
+    return lr0 / (1.0 + A * step)
+
+
+def refer_beta_update(
+    beta: float | Tensor, far_fraction: float | Tensor, D: float, lr: float | Tensor
+) -> float | Tensor:
+    """ReF-ER's penalty-weight update (Novati & Koumoutsakos 2019, eq. 12):
+
+    ``beta <- (1 - eta) beta``         if ``n_far / N > D``,
+    ``beta <- (1 - eta) beta + eta``   otherwise,
+
+    with ``eta`` the (annealed, :func:`refer_lr`) learning rate. ``beta`` weighs the off-policy
+    gradient against the KL penalty (eq. 10): too many far-policy samples shrink ``beta`` towards
+    the fixed point 0 (more penalty), few grow it towards 1.
+    """
+    return (1.0 - lr) * beta + lr * (far_fraction <= D)
