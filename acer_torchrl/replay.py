@@ -226,31 +226,34 @@ class EpisodeReplay:
         Prefixes of different lengths are right-aligned in one ``[B, k_max]`` batch; ``is_init`` at each
         episode's first step resets the state, so the padding in front of it has no effect.
         """
-        starts = sample.get(SLOT_KEY)[:, 0]
+        prefix, k = self.recurrent_prefix(sample.get(SLOT_KEY)[:, 0], hidden_keys)
+        refresh_from_prefix(sample, prefix, k, unroll, hidden_keys)
+
+    def recurrent_prefix(self, starts: torch.Tensor, hidden_keys: list[str]) -> tuple[TensorDictBase | None, torch.Tensor]:
+        """The stored steps of each start's episode before it, for :func:`refresh_from_prefix`.
+
+        Returns ``(prefix, k)``: ``k`` the number of such steps per start and ``prefix`` the
+        ``[len(starts), max k]`` steps (``observation`` and zeroed ``hidden_keys``), right-aligned, with
+        ``is_init`` at each episode's first step; ``None`` when every start is an episode's first step.
+        """
         k = self.position[starts]  # steps of the episode stored before the sequence's start
         k_max = int(k.max())
-        zero = torch.zeros_like(sample.get(hidden_keys[0])[:, 0])
         if k_max == 0:
-            for key in hidden_keys:
-                sample.get(key)[:, 0] = zero
-            return
+            return None, k
         idx = torch.empty(starts.numel(), k_max, dtype=torch.long)
         idx[:, -1] = torch.where(k > 0, self.prev[starts], starts)
         for j in range(k_max - 1, 0, -1):  # walk back in time, vectorised over the batch
             prev = self.prev[idx[:, j]]
             idx[:, j - 1] = torch.where(prev >= 0, prev, idx[:, j])
         prefix = self.buffer.storage.get(idx.reshape(-1)).reshape(idx.shape)
-        prefix = prefix.select("observation", *hidden_keys).to(zero.device)
-        is_init = torch.zeros(starts.numel(), k_max, 1, dtype=torch.bool, device=zero.device)
+        prefix = prefix.select("observation", *hidden_keys)
+        is_init = torch.zeros(starts.numel(), k_max, 1, dtype=torch.bool)
         first_col = (k_max - k).clamp(max=k_max - 1)
         is_init[torch.arange(starts.numel()), first_col] = True
         prefix.set("is_init", is_init)
         for key in hidden_keys:
             prefix.get(key).zero_()
-        out = unroll(prefix)
-        for key in hidden_keys:
-            state = out.get(("next", key))[:, -1]
-            sample.get(key)[:, 0] = torch.where((k > 0).view(-1, *[1] * (state.ndim - 1)), state, zero)
+        return prefix, k
 
     def zero_recurrent_state(self, sample: TensorDictBase, hidden_keys: list[str]) -> None:
         """The paper-style reset (Reactor): every sequence starts from the zero state."""
@@ -287,6 +290,29 @@ class EpisodeReplay:
         self.steps_written = counters["steps_written"]
         self._open.clear()
         self._alive_slots = None
+
+
+def refresh_from_prefix(
+    sample: TensorDictBase,
+    prefix: TensorDictBase | None,
+    k: torch.Tensor,
+    unroll: TensorDictModuleBase,
+    hidden_keys: list[str],
+) -> None:
+    """Second half of :meth:`EpisodeReplay.refresh_recurrent_state`: unroll the current network over the
+    episode prefixes of :meth:`EpisodeReplay.recurrent_prefix` and write the resulting state into
+    ``sample[:, 0]`` (the zero state where ``k == 0``). Kept apart so that a replay served by another
+    process can send the prefix while the network runs where the learner is."""
+    zero = torch.zeros_like(sample.get(hidden_keys[0])[:, 0])
+    if prefix is None:
+        for key in hidden_keys:
+            sample.get(key)[:, 0] = zero
+        return
+    out = unroll(prefix.to(zero.device))
+    k = k.to(zero.device)
+    for key in hidden_keys:
+        state = out.get(("next", key))[:, -1]
+        sample.get(key)[:, 0] = torch.where((k > 0).view(-1, *[1] * (state.ndim - 1)), state, zero)
 
 
 class OnlineWindows:

@@ -1,0 +1,417 @@
+"""LASER: off-policy V-trace actor-critic with mixed online/replay batches and a trust region.
+
+Schmitt, Hessel & Simonyan, "Off-policy actor-critic with shared experience replay" (ICML 2020;
+``papers/laser-shared-replay.txt``). The loss is IMPALA's V-trace actor-critic (policy gradient, value
+regression and entropy bonus; no Q function) with the paper's three changes:
+
+* **Mixed batches (sec. 3, Prop. 3, Fig. 2).** Every batch holds a share ``alpha`` of fresh online
+  windows, the rest sequences drawn uniformly from the replay (``alpha = 1/8``: the paper's 87.5%
+  replay); ``online_share=0`` is the pure-replay ablation of Fig. 2, ``1`` the no-replay baseline.
+  :meth:`LASERLoss.update_plan` hands the share to the shared trainer, which assembles the batch.
+* **Trust region (sec. 4, eq. 7, sec. 4.3).** For every step the behaviour relevance
+  ``beta_KL = KL(pi(.|s) || pi~_mu(.|s))`` (``pi~_mu`` the V-trace implied policy, eq. 3) is compared with
+  a threshold ``b``; rejected steps (``beta_KL >= b``) are left out of the policy, value and entropy
+  losses and stop the V-trace bootstraps (``relevance`` of :func:`~acer_torchrl.objectives.functional.vtrace`).
+  ``beta_KL`` depends on the state only, never on the sampled action (sec. 4.3).
+* **Whole episodes, uniform sampling, refreshed LSTM state (sec. 5.1, App. A.2).** The shared
+  :class:`~acer_torchrl.replay.EpisodeReplay` stores whole episodes, samples uniformly and recomputes the
+  recurrent state at a sequence's start from its episode's first step (``replay.recurrent_state=refresh``).
+
+Deviations: the trainer's optimiser is Adam (the paper used RMSProp) and clips gradients by norm
+(``optim.max_grad_norm``; the paper's Atari agent did not clip). The paper computed the entropy cost on
+online data only (sec. 5.1, "slightly better"); here it is computed on every relevant step, as the
+issue asks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from tensordict.utils import NestedKey
+from torch import nn
+from torchrl.modules import set_recurrent_mode
+
+from acer_torchrl.agent import Agent
+from acer_torchrl.algorithms import Algorithm
+from acer_torchrl.config import Config, ConfigError
+from acer_torchrl.envs import EnvInfo
+from acer_torchrl.modules import (
+    BEHAVIOUR,
+    GaussianHead,
+    acting_policy,
+    learning_module,
+    make_torso,
+    policy_distribution,
+    policy_keys,
+)
+from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask, trace_cut
+from acer_torchrl.objectives.functional import implied_policy_kl, vtrace
+
+
+@dataclass
+class LASERConfig:
+    online_share: float = 0.125  # share of fresh online windows per batch (sec. 3: 1/8); 0 = pure replay
+    updates_per_batch: int = 1  # gradient steps after each collected batch
+    rho_bar: float = 1.0  # V-trace clipping of the policy-gradient/TD weight rho (IMPALA eq. 1)
+    c_bar: float = 1.0  # V-trace clipping of the trace coefficients c
+    trust_region: bool = True  # reject steps with beta_KL >= kl_threshold (sec. 4.3); false: plain V-trace
+    kl_threshold: float = 0.5  # b of sec. 4.1: the largest KL(pi || pi~_mu) a step may have
+    kl_samples: int = 16  # Monte-Carlo draws of beta_KL for Gaussian policies (sec. 4.3)
+    value_coef: float = 0.5  # weight of the value regression
+    entropy_coef: float = 0.01  # entropy cost (the sweep's second hyper-parameter, sec. 5.1)
+    init_std: float = 0.5  # continuous actions: initial policy std
+    learn_std: bool = True  # continuous actions: learn a state-independent std
+
+    def validate(self, cfg: Config) -> None:
+        if not 0.0 <= self.online_share <= 1.0:
+            raise ConfigError(f"laser.online_share must be in [0, 1], got {self.online_share}")
+        if 0.0 < self.online_share < 1.0 and round(self.online_share * cfg.replay.batch_size) == 0:
+            raise ConfigError(
+                f"laser.online_share={self.online_share} of replay.batch_size={cfg.replay.batch_size} rounds to "
+                "no online window; raise replay.batch_size or laser.online_share (0 means pure replay)"
+            )
+        if self.updates_per_batch < 1:
+            raise ConfigError(f"laser.updates_per_batch must be >= 1, got {self.updates_per_batch}")
+        if not self.rho_bar >= self.c_bar > 0:
+            raise ConfigError(
+                f"V-trace needs laser.rho_bar >= laser.c_bar > 0, got rho_bar={self.rho_bar}, c_bar={self.c_bar}"
+            )
+        if self.kl_threshold <= 0 or self.kl_samples < 1:
+            raise ConfigError("laser.kl_threshold must be > 0 and laser.kl_samples >= 1")
+        if self.init_std <= 0:
+            raise ConfigError(f"laser.init_std must be > 0, got {self.init_std}")
+
+
+class LASERLoss(ReplayLoss):
+    """V-trace actor-critic loss with LASER's trust region (Schmitt et al. 2020, sec. 2.3 and 4).
+
+    For a ``[B, T]`` batch of sequences (online windows and/or replayed sequences):
+
+    * ``rho_t = pi(a_t|s_t) / mu(a_t|s_t)`` from the behaviour log-probability stored at acting time;
+    * ``lambda_t = 1[beta_KL(s_t) < b]`` (sec. 4.1; all ones when ``trust_region`` is off);
+    * ``v_t`` and ``A_t``: V-trace targets and advantages with relevance ``lambda`` (eq. 7, IMPALA eq. 1
+      and sec. 4.2), bootstrapping on ``V(s_{t+1})`` at window ends, padding and truncations, and on 0
+      at terminations;
+    * over the relevant real steps ``K`` (mask and ``lambda``):
+      ``loss_policy = -mean_K[A_t log pi(a_t|s_t)]`` (eq. 2 with the baseline ``V(s_t)``),
+      ``loss_value = value_coef mean_K[(v_t - V(s_t))^2 / 2]``,
+      ``loss_entropy = -entropy_coef mean_K[H(pi(.|s_t))]``.
+
+    Args:
+        network: learning module reading a step (``observation``, recurrent state, ``is_init``) and
+            writing the policy statistics (:func:`~acer_torchrl.modules.policy_keys`) and ``state_value``.
+        info: the environment's :class:`~acer_torchrl.envs.EnvInfo` (action space family).
+        gamma: discount.
+        seq_len: steps per sequence.
+        hidden_keys: recurrent state keys written by ``network`` under ``("next", key)`` (empty when
+            feed-forward).
+        The other keyword arguments are the fields of :class:`LASERConfig`.
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        """Keys of the input batch (``set_keys`` renames them).
+
+        Attributes:
+            action: the action taken (int64 index, or a float vector).
+            behaviour: root of the behaviour statistics stored at acting time.
+            behaviour_log_prob: ``log mu(a_t|s_t)`` stored at acting time.
+            value: ``V(s)`` written by the network.
+            reward, done, terminated: under ``"next"``.
+        """
+
+        action: NestedKey = "action"
+        behaviour: NestedKey = BEHAVIOUR
+        behaviour_log_prob: NestedKey = (BEHAVIOUR, "log_prob")
+        value: NestedKey = "state_value"
+        reward: NestedKey = "reward"
+        done: NestedKey = "done"
+        terminated: NestedKey = "terminated"
+
+    default_keys = _AcceptedKeys
+    tensor_keys: _AcceptedKeys
+
+    def __init__(
+        self,
+        network: TensorDictModuleBase,
+        info: EnvInfo,
+        *,
+        gamma: float,
+        seq_len: int,
+        hidden_keys: list[str] | tuple[str, ...] = (),
+        online_share: float = 0.125,
+        updates_per_batch: int = 1,
+        rho_bar: float = 1.0,
+        c_bar: float = 1.0,
+        trust_region: bool = True,
+        kl_threshold: float = 0.5,
+        kl_samples: int = 16,
+        value_coef: float = 0.5,
+        entropy_coef: float = 0.01,
+    ):
+        super().__init__()
+        self.network = network
+        self.info = info
+        self.gamma = gamma
+        self.seq_len = seq_len
+        self.hidden_keys = list(hidden_keys)
+        self.online_share = online_share
+        self.updates_per_batch = updates_per_batch
+        self.rho_bar = rho_bar
+        self.c_bar = c_bar
+        self.trust_region = trust_region
+        self.kl_threshold = kl_threshold
+        self.kl_samples = kl_samples
+        self.value_coef = value_coef
+        self.entropy_coef = entropy_coef
+        self.stat_names = policy_keys(info)
+
+    def _forward_value_estimator_keys(self, **kwargs) -> None:
+        """No value estimator object: V-trace is called functionally in :meth:`forward`."""
+
+    @property
+    def in_keys(self) -> list[NestedKey]:
+        keys = self.tensor_keys
+        return [
+            *self.network.in_keys,
+            keys.action,
+            keys.behaviour_log_prob,
+            *[(keys.behaviour, name) for name in self.stat_names],
+            ("next", keys.reward),
+            ("next", keys.done),
+            ("next", keys.terminated),
+            *[("next", k) for k in self.network.in_keys if k not in self.hidden_keys and k != "is_init"],
+        ]
+
+    @property
+    def out_keys(self) -> list[str]:
+        return [
+            "loss_policy", "loss_value", "loss_entropy", "entropy", "beta_kl", "rejected_share",
+            "rho", "rho_clipped_share", "value_target", "truncated_share",
+        ]
+
+    # ------------------------------------------------------------------ trainer hooks
+    def update_plan(self, rng: np.random.Generator) -> list[float]:
+        """``updates_per_batch`` steps, each on a batch holding ``online_share`` fresh windows (sec. 3)."""
+        return [self.online_share] * self.updates_per_batch
+
+    # ------------------------------------------------------------------ pieces
+    def _unroll(self, td: TensorDictBase, mask: torch.Tensor) -> TensorDictBase:
+        """The network over the sequences, on a shallow copy of ``td`` (behaviour keys stay apart).
+
+        When recurrent, the first padding step gets ``is_init``: the LSTM then closes a segment at the
+        last real step, so its ``("next", state)`` there is the state after that step (see
+        :meth:`_next_state_value`); padding outputs are masked out anyway.
+        """
+        out = td.copy()
+        if self.hidden_keys:
+            after_real = torch.zeros_like(mask)
+            after_real[..., 1:, :] = mask[..., :-1, :] & ~mask[..., 1:, :]
+            out.set("is_init", out.get("is_init") | after_real)
+        return self.network(out)
+
+    @torch.no_grad()
+    def _next_state_value(self, td: TensorDictBase, out: TensorDictBase, bootstrap: torch.Tensor) -> torch.Tensor:
+        """``V(s_{t+1})`` for every step, ``[B, T, 1]``.
+
+        Inside an episode it is the value of row ``t+1``. At ``bootstrap`` steps (window ends, the last
+        step before padding, truncations) row ``t+1`` is not ``s_{t+1}``: there the network runs once more
+        on ``("next", observation)``, with the recurrent state after step ``t`` when recurrent (the LSTM
+        writes its state at the end of every segment, i.e. before each ``is_init``).
+        """
+        value = out.get(self.tensor_keys.value)
+        next_value = torch.cat([value[..., 1:, :], value[..., -1:, :]], dim=-2)
+        rows = bootstrap.squeeze(-1)
+        if not rows.any():
+            return next_value
+        nxt = td.get("next")[rows]
+        obs_keys = [k for k in self.network.in_keys if k not in self.hidden_keys and k != "is_init"]
+        step = nxt.select(*obs_keys)
+        for key in self.hidden_keys:
+            step.set(key, out.get(("next", key))[rows])
+        if self.hidden_keys:
+            step.set("is_init", torch.zeros(*step.shape, 1, dtype=torch.bool, device=step.device))
+        with set_recurrent_mode(False):
+            next_value[rows] = self.network(step).get(self.tensor_keys.value)
+        return next_value
+
+    def behaviour_relevance(self, pi_stats: TensorDictBase, mu_stats: TensorDictBase) -> torch.Tensor:
+        """``beta_KL(s) = KL(pi(.|s) || pi~_mu(.|s))`` per step, ``[B, T, 1]`` (LASER sec. 4.3, eq. 3/8).
+
+        Discrete actions: exact, from the logits of ``pi`` and of the stored ``mu``. Gaussian policies:
+        the Monte-Carlo estimate suggested in sec. 4.3 with ``K = kl_samples`` draws ``a_k ~ pi``. It is the
+        exact KL of the same formula on the empirical measure of the draws (weights ``1/K``) with behaviour
+        weights ``mu(a_k)/(K pi(a_k))``, i.e.
+
+        ``beta ~= -mean_k log w_k + log mean_k w_k``, ``w_k = min(1, rho_bar mu(a_k) / pi(a_k))``,
+
+        which is ``E_pi[log pi/pi~_mu]`` with ``pi~_mu = min(rho_bar mu, pi) / E_pi[w]``. It is 0 when
+        ``pi == mu`` (``rho_bar >= 1``) and depends on the state only, not on the action taken.
+        """
+        pi = policy_distribution(self.info, {n: pi_stats.get(n) for n in self.stat_names})
+        mu = policy_distribution(self.info, {n: mu_stats.get(n) for n in self.stat_names})
+        if self.info.discrete:
+            return implied_policy_kl(pi.logits, mu.logits, self.rho_bar)
+        draws = pi.sample((self.kl_samples,))
+        log_w = (mu.log_prob(draws) - pi.log_prob(draws)).movedim(0, -1)  # [B, T, K]
+        log_uniform = torch.full_like(log_w, -math.log(self.kl_samples))
+        return implied_policy_kl(log_uniform, log_w + log_uniform, self.rho_bar)
+
+    # ------------------------------------------------------------------ loss
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        keys = self.tensor_keys
+        shape = (*td.shape, 1)
+        mask = sequence_mask(td)
+        nxt = td.get("next")
+        reward = nxt.get(keys.reward).reshape(shape)
+        terminated = nxt.get(keys.terminated).reshape(shape)
+        done = nxt.get(keys.done).reshape(shape) | terminated
+        cut = trace_cut(done, mask)  # also cuts at the last real step before padding
+
+        out = self._unroll(td, mask)
+        pi_stats = out.select(*self.stat_names)
+        pi = policy_distribution(self.info, {n: pi_stats.get(n) for n in self.stat_names})
+        action = td.get(keys.action)
+        log_pi = pi.log_prob(action.reshape(td.shape) if self.info.discrete else action).reshape(shape)
+        value = out.get(keys.value)
+
+        with torch.no_grad():
+            log_rho = log_pi - td.get(keys.behaviour_log_prob).reshape(shape)
+            beta = self.behaviour_relevance(pi_stats.detach(), td.get(keys.behaviour))
+            relevance = beta < self.kl_threshold if self.trust_region else None
+            next_value = self._next_state_value(td, out, cut & ~terminated)
+            value_target, advantage = vtrace(
+                self.gamma, reward, value.detach(), next_value, log_rho, terminated, cut,
+                rho_bar=self.rho_bar, c_bar=self.c_bar, relevance=relevance,
+            )
+        keep = mask if relevance is None else mask & relevance  # rejected steps leave every loss
+        entropy = pi.entropy().reshape(shape)
+        loss_policy = -masked_mean(advantage * log_pi, keep)
+        loss_value = self.value_coef * masked_mean(0.5 * (value_target - value).pow(2), keep)
+        loss_entropy = -self.entropy_coef * masked_mean(entropy, keep)
+
+        with torch.no_grad():
+            rho = log_rho.exp()
+            truncated = nxt.get("truncated", torch.zeros_like(terminated)).reshape(shape)
+            rejected = torch.zeros_like(mask) if relevance is None else ~relevance
+            return TensorDict(
+                {
+                    "loss_policy": loss_policy,
+                    "loss_value": loss_value,
+                    "loss_entropy": loss_entropy,
+                    "entropy": masked_mean(entropy, mask),
+                    "beta_kl": masked_mean(beta, mask),
+                    "rejected_share": masked_mean(rejected.float(), mask),
+                    "rho": masked_mean(rho, mask),
+                    "rho_clipped_share": masked_mean((rho > self.rho_bar).float(), mask),
+                    "value_target": masked_mean(value_target, mask),
+                    "truncated_share": masked_mean(truncated.float(), mask),
+                },
+                batch_size=[],
+            )
+
+
+# ---------------------------------------------------------------------------------------------- build
+
+
+def build(cfg: Config, info: EnvInfo) -> Agent:
+    """One network with a shared torso, a policy head and a value head (IMPALA's agent, sec. 5.1)."""
+    net, algo = cfg.network, cfg.algo
+    torso = make_torso(info, net.hidden, net.activation, net.lstm_hidden if net.lstm else None)
+    names = policy_keys(info)
+    if info.discrete:
+        head: nn.Module = nn.Linear(torso.out_dim, info.num_actions)
+    else:
+        head = GaussianHead(torso.out_dim, info.action_dim, algo.init_std, algo.learn_std)
+    value_head = nn.Linear(torso.out_dim, 1)
+    network = learning_module(
+        torso,
+        TensorDictModule(head, in_keys=["core"], out_keys=names),
+        TensorDictModule(value_head, in_keys=["core"], out_keys=["state_value"]),
+    )
+    loss = LASERLoss(
+        network,
+        info,
+        gamma=cfg.gamma,
+        seq_len=cfg.replay.seq_len,
+        hidden_keys=torso.hidden_keys,
+        online_share=algo.online_share,
+        updates_per_batch=algo.updates_per_batch,
+        rho_bar=algo.rho_bar,
+        c_bar=algo.c_bar,
+        trust_region=algo.trust_region,
+        kl_threshold=algo.kl_threshold,
+        kl_samples=algo.kl_samples,
+        value_coef=algo.value_coef,
+        entropy_coef=algo.entropy_coef,
+    )
+    return Agent(loss=loss, policy=acting_policy(torso, head, info), torsos=[torso])
+
+
+_CARTPOLE = {
+    "env.name": "CartPole-v1",
+    "total_frames": 60_000,
+    "collector.workers": 1,
+    "collector.frames_per_batch": 64,  # 4 windows of 16: the online share of a batch of 32 at 1/8
+    "replay.batch_size": 32,
+    "replay.seq_len": 16,
+    "replay.capacity": 50_000,
+    "replay.min_size": 1_000,
+    "optim.lr": 1e-3,
+    "laser.updates_per_batch": 2,  # each fresh step is replayed ~16 times (2 x 7 replayed windows per 1 online)
+    "eval.interval": 5_000,
+}
+
+PRESETS: dict[str, dict] = {
+    "cartpole": _CARTPOLE,
+    # CartPole without velocities: memory is needed; LSTM state refreshed from each episode's start (App. A.2)
+    "cartpole_pomdp": {
+        **_CARTPOLE,
+        "env.pomdp": True,
+        "network.lstm": True,
+        "network.lstm_hidden": 64,
+        "total_frames": 150_000,
+        "replay.recurrent_state": "refresh",
+    },
+    # sec. 5.1: discount 0.995, 19-step trajectories, lr 6e-4 and entropy cost 1e-2 (the sweep's centre).
+    # Feed-forward on 4 stacked frames: refreshing an LSTM from the start of Atari episodes (thousands of
+    # steps) is not affordable on a CPU learner.
+    "atari": {
+        "env.name": "ALE/Pong-v5",
+        "gamma": 0.995,
+        "total_frames": 10_000_000,
+        "collector.frames_per_batch": 76,
+        "replay.batch_size": 32,
+        "replay.seq_len": 19,
+        "replay.capacity": 200_000,
+        "replay.memmap": True,
+        "replay.min_size": 10_000,
+        "optim.lr": 6e-4,
+        "laser.entropy_coef": 0.01,
+        "eval.interval": 250_000,
+        "eval.episodes": 3,
+        "log.checkpoint_interval": 250_000,
+    },
+    "mujoco": {
+        "env.name": "HalfCheetah-v5",
+        "total_frames": 1_000_000,
+        "collector.frames_per_batch": 64,
+        "network.hidden": "256,256",
+        "network.activation": "tanh",
+        "replay.batch_size": 32,
+        "replay.seq_len": 16,
+        "replay.capacity": 500_000,
+        "replay.min_size": 5_000,
+        "optim.lr": 3e-4,
+        "laser.entropy_coef": 1e-3,
+        "eval.interval": 50_000,
+        "log.checkpoint_interval": 100_000,
+    },
+}
+
+ALGORITHM = Algorithm("laser", LASERConfig, build, PRESETS, default_preset="cartpole")

@@ -1,0 +1,518 @@
+"""Shared experience replay across a hyper-parameter sweep (LASER, Schmitt et al. 2020, sec. 5.4-5.5).
+
+N agents with different hyper-parameters (learning rate x entropy cost, sec. 5.1) train concurrently from
+scratch. Each writes its experience, tagged with its agent id and carrying its own behaviour statistics
+(written by its acting policy), into **one** common :class:`~acer_torchrl.replay.EpisodeReplay`, and every
+agent samples uniformly from all of it; LASER's trust region (sec. 4) rejects the steps of behaviours too far
+from the learner's policy. Each agent refreshes the recurrent state of what it samples with its *own*
+network (App. A.2: "particularly critical when sharing experience between different agents").
+
+Two ways to run a sweep, with the same per-agent :class:`~acer_torchrl.trainer.Trainer` pieces:
+
+* :func:`run_sweep` (one process): the agents' losses and optimisers step in turn in one process, each with
+  its own collector; one batch per agent per round, so they run "at identical speed" (sec. 5.1).
+* :func:`run_sweep_rank` (one process per agent: ``mode=processes`` on one machine, or one SLURM task per
+  agent through :class:`SweepTask`): rank 0 owns the replay storage and serves it with
+  ``torch.distributed.rpc`` (TensorPipe); the other ranks ``extend``/``sample`` through remote calls
+  (:class:`RemoteReplay`). A gloo process group gathers the results at the end.
+
+Why an RPC storage server rather than all-gathering new data into a replica on every rank: the sweep must
+hold one replay, not N (sec. 5.5: sharing "saves memory"), and agents may run at different speeds across
+machines; collectives would force lock-step and N copies. The price is one round trip per extend/sample
+(about 1 ms on one machine) and rank 0's RPC threads doing the replay's bookkeeping under a lock.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import os
+import threading
+import time
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+
+from acer_torchrl.config import Config, ConfigError, _coerce, dump_yaml, load_config, parse_overrides
+from acer_torchrl.replay import SLOT_KEY, TRAJ_KEY, EpisodeReplay, refresh_from_prefix
+from acer_torchrl.trainer import Trainer
+
+AGENT_KEY = "agent_id"  # int64 [..., 1]: the sweep agent whose behaviour policy produced the step
+
+
+def tag_agent(batch: TensorDictBase, agent_id: int, n_agents: int) -> TensorDictBase:
+    """A shallow copy of ``batch`` with ``agent_id`` in every step and trajectory ids made unique across the
+    agents (``traj * n_agents + agent_id``: every agent's collector numbers its trajectories from 0)."""
+    tagged = batch.copy()
+    tagged.set(AGENT_KEY, torch.full((*batch.shape, 1), agent_id, dtype=torch.int64))
+    tagged.set(TRAJ_KEY, batch.get(TRAJ_KEY) * n_agents + agent_id)
+    return tagged
+
+
+class SharedReplay:
+    """One :class:`EpisodeReplay` for the agents of a sweep, safe to call from several threads (the RPC
+    server threads and the owner's own learner).
+
+    Args:
+        replay: the storage (its capacity is the sweep's, not per agent).
+        n_agents: agents writing into it.
+    """
+
+    def __init__(self, replay: EpisodeReplay, n_agents: int):
+        self.replay = replay
+        self.n_agents = n_agents
+        self.lock = threading.Lock()
+
+    def extend(self, batch: TensorDictBase, agent_id: int) -> torch.Tensor:
+        if not 0 <= agent_id < self.n_agents:
+            raise ValueError(f"agent_id {agent_id} is not one of the sweep's {self.n_agents} agents")
+        tagged = tag_agent(batch, agent_id, self.n_agents)
+        with self.lock:
+            return self.replay.extend(tagged)
+
+    def size(self) -> int:
+        with self.lock:
+            return len(self.replay)
+
+    def sample_sequences(self, batch_size: int, seq_len: int) -> TensorDictBase:
+        with self.lock:
+            return self.replay.sample_sequences(batch_size, seq_len)
+
+    def sample_steps(self, batch_size: int) -> TensorDictBase:
+        with self.lock:
+            return self.replay.sample_steps(batch_size)
+
+    def recurrent_prefix(self, starts: torch.Tensor, hidden_keys: list[str]):
+        with self.lock:
+            return self.replay.recurrent_prefix(starts, hidden_keys)
+
+    def update(self, slots: torch.Tensor, values: TensorDictBase) -> None:
+        with self.lock:
+            self.replay.update(slots, values)
+
+    def column(self, key, alive_only: bool = True) -> torch.Tensor:
+        with self.lock:
+            return self.replay.column(key, alive_only).clone()
+
+    def agent_counts(self) -> list[int]:
+        """Stored (alive) steps per agent."""
+        with self.lock:
+            if len(self.replay) == 0:
+                return [0] * self.n_agents
+            ids = self.replay.column(AGENT_KEY).reshape(-1)
+        return torch.bincount(ids, minlength=self.n_agents).tolist()
+
+    def save(self, path: Path) -> None:
+        with self.lock:
+            self.replay.save(Path(path))
+
+    def load(self, path: Path) -> None:
+        with self.lock:
+            self.replay.load(Path(path))
+
+
+# ---------------------------------------------------------------------------------------------- RPC
+_SERVED: SharedReplay | None = None  # the replay rank 0 serves
+_REMOTE_METHODS = frozenset(
+    {"extend", "size", "sample_sequences", "sample_steps", "recurrent_prefix", "update", "column", "agent_counts"}
+)
+
+
+def serve(replay: SharedReplay | None) -> None:
+    """Make ``replay`` the one this process serves to :class:`RemoteReplay` clients (``None`` stops)."""
+    global _SERVED
+    _SERVED = replay
+
+
+def _call_served(method: str, *args):
+    """Runs on the owner, in an RPC server thread."""
+    if _SERVED is None or method not in _REMOTE_METHODS:
+        raise RuntimeError(f"no shared replay served here for {method!r}")
+    return getattr(_SERVED, method)(*args)
+
+
+class RemoteReplay:
+    """Client stub of a :class:`SharedReplay` served by the RPC worker ``owner`` (same methods)."""
+
+    def __init__(self, owner: str):
+        self.owner = owner
+
+    def __getattr__(self, method: str):
+        if method not in _REMOTE_METHODS:
+            raise AttributeError(method)
+        from torch.distributed import rpc
+
+        return lambda *args: rpc.rpc_sync(self.owner, _call_served, args=(method, *args))
+
+
+# ---------------------------------------------------------------------------------------------- agent view
+class AgentReplay:
+    """One agent's handle on the sweep's shared replay, with the interface the trainer uses.
+
+    Writes are tagged with the agent's id; samples come uniformly from everyone's data. The recurrent state
+    is refreshed with this agent's network (App. A.2): the owner sends the episode prefixes, the network
+    runs here. Only the owner's handle (``owner=True``) persists the replay in checkpoints, so the sweep
+    saves one replay, not N. ``sampled`` counts the replayed steps drawn from each agent.
+    """
+
+    def __init__(self, shared: SharedReplay | RemoteReplay, agent_id: int, n_agents: int, owner: bool):
+        self.shared = shared
+        self.agent_id = agent_id
+        self.owner = owner
+        self.sampled = torch.zeros(n_agents, dtype=torch.long)
+
+    def extend(self, batch: TensorDictBase) -> torch.Tensor:
+        return self.shared.extend(batch, self.agent_id)
+
+    def __len__(self) -> int:
+        return self.shared.size()
+
+    def _count(self, sample: TensorDictBase) -> TensorDictBase:
+        ids = sample.get(AGENT_KEY)
+        real = sample.get("mask", torch.ones(ids.shape[:-1], dtype=torch.bool))
+        self.sampled += torch.bincount(ids[real].reshape(-1), minlength=self.sampled.numel())
+        return sample
+
+    def sample_sequences(self, batch_size: int, seq_len: int) -> TensorDictBase:
+        return self._count(self.shared.sample_sequences(batch_size, seq_len))
+
+    def sample_steps(self, batch_size: int) -> TensorDictBase:
+        return self._count(self.shared.sample_steps(batch_size))
+
+    def refresh_recurrent_state(
+        self, sample: TensorDictBase, unroll: TensorDictModuleBase, hidden_keys: list[str]
+    ) -> None:
+        prefix, k = self.shared.recurrent_prefix(sample.get(SLOT_KEY)[:, 0], hidden_keys)
+        refresh_from_prefix(sample, prefix, k, unroll, hidden_keys)
+
+    def zero_recurrent_state(self, sample: TensorDictBase, hidden_keys: list[str]) -> None:
+        for key in hidden_keys:
+            sample.get(key)[:, 0] = 0.0
+
+    def update(self, slots: torch.Tensor, values: TensorDictBase) -> None:
+        self.shared.update(slots, values)
+
+    def column(self, key, alive_only: bool = True) -> torch.Tensor:
+        return self.shared.column(key, alive_only)
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if self.owner:
+            self.shared.save(path)
+        else:
+            (path / "shared.json").write_text(json.dumps({"agent_id": self.agent_id, "stored_by": "agent 0"}))
+
+    def load(self, path: Path) -> None:
+        if self.owner:
+            self.shared.load(Path(path))
+
+
+class SweepAgentTrainer(Trainer):
+    """A :class:`Trainer` whose replay is its handle on the sweep's shared replay."""
+
+    def __init__(self, cfg: Config, replay: AgentReplay):
+        self._shared_handle = replay
+        super().__init__(cfg)
+
+    def make_replay(self) -> AgentReplay:
+        return self._shared_handle
+
+
+# ---------------------------------------------------------------------------------------------- sweep config
+@dataclass
+class SweepConfig:
+    """The sweep's own keys (``agents=``, ``mode=``, ``sweep.<field>=``); every other key configures the agents.
+
+    Agent ``i`` trains with ``optim.lr * lr_factors[a]`` and ``laser.entropy_coef * entropy_factors[(a + d) % E]``
+    with ``a = i % L``, ``d = i // L`` (the L x E grid walked diagonal by diagonal: 9 agents cover the paper's
+    3 x 3 grid of sec. 5.1, and the first few differ in both factors), and seed ``seed + i``.
+    """
+
+    agents: int = 3
+    mode: str = "local"  # local: one process | processes: one process per agent (gloo + RPC)
+    lr_factors: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])
+    entropy_factors: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])
+    master_addr: str = "127.0.0.1"  # mode=processes
+    port: int = 29533  # mode=processes: gloo on port, RPC on port + 1
+
+    def validate(self) -> None:
+        if self.agents < 1:
+            raise ConfigError(f"agents must be >= 1, got {self.agents}")
+        if self.mode not in ("local", "processes"):
+            raise ConfigError(f"mode must be local or processes, got {self.mode!r}")
+        if not self.lr_factors or not self.entropy_factors:
+            raise ConfigError("sweep.lr_factors and sweep.entropy_factors need at least one value each")
+
+    def factors(self, i: int) -> tuple[float, float]:
+        """Agent ``i``'s (lr factor, entropy factor): the grid walked diagonal by diagonal."""
+        n_lr, n_ent = len(self.lr_factors), len(self.entropy_factors)
+        i %= n_lr * n_ent  # more agents than grid points: the grid again, with other seeds
+        a, diagonal = i % n_lr, i // n_lr
+        return self.lr_factors[a], self.entropy_factors[(a + diagonal) % n_ent]
+
+
+def parse_sweep_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
+    """Split ``key=value`` arguments into the sweep's own keys and the agents' config overrides."""
+    sweep = SweepConfig()
+    hints = typing.get_type_hints(SweepConfig)
+    rest = []
+    for item in argv:
+        key, sep, value = item.partition("=")
+        name = key.strip().removeprefix("sweep.")
+        if sep and (key.strip().startswith("sweep.") or name in ("agents", "mode")):
+            if name not in {f.name for f in fields(SweepConfig)}:
+                valid = ", ".join(f"sweep.{f.name}" for f in fields(SweepConfig))
+                raise ConfigError(f"unknown sweep key '{key.strip()}'; valid: agents, mode, {valid}")
+            setattr(sweep, name, _coerce(value.strip(), hints[name], key.strip()))
+        else:
+            rest.append(item)
+    sweep.validate()
+    return sweep, rest
+
+
+def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[Config]]:
+    """The sweep directory and one config per agent (its own run dir ``<sweep_dir>/agent<i>``).
+
+    With ``resume=<sweep_dir>`` each agent's saved config is the base (other overrides, e.g. a larger
+    ``total_frames``, apply on top) and each agent resumes from its own checkpoint; agent 0's holds the
+    shared replay.
+    """
+    given = dict(parse_overrides(overrides))
+    if given.get("resume"):
+        sweep_dir = Path(given["resume"])
+        rest = [o for o in overrides if o.partition("=")[0].strip() not in ("resume", "run_dir", "preset", "loss")]
+        cfgs = []
+        for i in range(sweep.agents):
+            if not (sweep_dir / f"agent{i}" / "config.yaml").is_file():
+                raise ConfigError(f"resume={sweep_dir}: no agent{i}/config.yaml there (a sweep of {sweep.agents} agents?)")
+            cfgs.append(load_config("laser", [f"resume={sweep_dir / f'agent{i}'}", *rest]))
+        return sweep_dir, cfgs
+    base = load_config("laser", overrides)
+    if base.loss != "laser":
+        raise ConfigError("a shared-replay sweep trains LASER agents: drop loss=")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    sweep_dir = Path(base.run_dir or f"runs/laser-sweep-{base.env.name.replace('/', '_')}-s{base.seed}-{stamp}")
+    cfgs = []
+    for i in range(sweep.agents):
+        cfg = copy.deepcopy(base)
+        lr_factor, ent_factor = sweep.factors(i)
+        cfg.optim.lr = base.optim.lr * lr_factor
+        cfg.algo.entropy_coef = base.algo.entropy_coef * ent_factor
+        cfg.seed = base.seed + i
+        cfg.run_dir = str(sweep_dir / f"agent{i}")
+        cfg.log.progress = base.log.progress and i == 0  # lock-step agents: agent 0's bar is the sweep's
+        cfg.validate()
+        cfgs.append(cfg)
+    return sweep_dir, cfgs
+
+
+def _shared_storage(cfg: Config, sweep_dir: Path, n_agents: int) -> SharedReplay:
+    scratch = sweep_dir / "replay_storage" if cfg.replay.memmap else None
+    return SharedReplay(EpisodeReplay(cfg.replay.capacity, scratch_dir=scratch, seed=cfg.seed), n_agents)
+
+
+# ---------------------------------------------------------------------------------------------- one process
+def run_sweep(sweep: SweepConfig, overrides: list[str]) -> dict:
+    """All agents in this process with one shared replay; one collected batch per agent per round."""
+    sweep_dir, cfgs = agent_configs(sweep, overrides)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    shared = _shared_storage(cfgs[0], sweep_dir, len(cfgs))
+    trainers = [
+        SweepAgentTrainer(cfg, AgentReplay(shared, i, len(cfgs), owner=i == 0)) for i, cfg in enumerate(cfgs)
+    ]
+    eval_envs = [t.make_eval_env() for t in trainers]
+    running = [i for i, t in enumerate(trainers) if t.cfg.total_frames > t.counters.env_steps]
+    collectors = {}
+    try:
+        for i in running:
+            collectors[i] = trainers[i].make_collector(trainers[i].cfg.total_frames - trainers[i].counters.env_steps)
+            trainers[i].start_clock()
+        iterators = {i: iter(c) for i, c in collectors.items()}
+        while running:  # one round: every agent collects one batch and learns from the shared replay
+            for i in list(running):
+                batch = next(iterators[i], None)
+                if batch is None or trainers[i].on_batch(batch, collectors[i], eval_envs[i]):
+                    running.remove(i)
+    finally:
+        for i, c in collectors.items():
+            trainers[i].stop_clock()
+            c.shutdown()
+    summaries = [t.finish(env) for t, env in zip(trainers, eval_envs)]
+    return write_sweep_results(
+        sweep, sweep_dir, cfgs, summaries, [t.log.rows for t in trainers],
+        [t.replay.sampled.tolist() for t in trainers], shared.agent_counts(),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- one rank per agent
+def run_sweep_rank(
+    sweep: SweepConfig, overrides: list[str], rank: int, world_size: int, master_addr: str, port: int
+) -> dict | None:
+    """Agent ``rank`` of a sweep with one process per agent. Rank 0 holds and serves the replay; all ranks
+    return after every agent finished; rank 0 returns the sweep summary, the others None."""
+    import torch.distributed as dist
+    from torch.distributed import rpc
+
+    if world_size != sweep.agents:
+        raise ConfigError(f"agents={sweep.agents} but the job has {world_size} tasks: one task per agent")
+    if not any(o.partition("=")[0].strip() in ("run_dir", "resume") for o in overrides):
+        raise ConfigError("a sweep with one process per agent needs run_dir=<sweep dir> fixed for all of them")
+    sweep_dir, cfgs = agent_configs(sweep, overrides)
+    cfg = cfgs[rank]
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{port}", rank=rank, world_size=world_size)
+    shared = None
+    if rank == 0:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        shared = _shared_storage(cfg, sweep_dir, world_size)
+    handle = AgentReplay(shared if rank == 0 else RemoteReplay("agent0"), rank, world_size, owner=rank == 0)
+    trainer = SweepAgentTrainer(cfg, handle)  # when resuming, rank 0 restores the replay before serving it
+    serve(shared)
+    options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{master_addr}:{port + 1}", rpc_timeout=600)
+    rpc.init_rpc(f"agent{rank}", rank=rank, world_size=world_size, rpc_backend_options=options)
+    try:
+        summary = trainer.train()
+        results = [None] * world_size
+        dist.all_gather_object(results, (summary, trainer.log.rows, handle.sampled.tolist()))
+        counts = shared.agent_counts() if rank == 0 else None
+    finally:
+        rpc.shutdown()  # waits until every rank is done with rank 0's replay
+        serve(None)
+        dist.destroy_process_group()
+    if rank != 0:
+        return None
+    summaries, rows, sampled = (list(x) for x in zip(*results))
+    return write_sweep_results(sweep, sweep_dir, cfgs, summaries, rows, sampled, counts)
+
+
+def _rank_main(rank: int, sweep: SweepConfig, overrides: list[str], queue) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    result = run_sweep_rank(sweep, overrides, rank, sweep.agents, sweep.master_addr, sweep.port)
+    if rank == 0:
+        queue.put(result)
+
+
+def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
+    """One process per agent on this machine (the layout of a SLURM job with one task per agent)."""
+    import torch.multiprocessing as mp
+
+    sweep_dir, _ = agent_configs(sweep, overrides)  # configuration errors surface here, before any process starts
+    if not dict(parse_overrides(overrides)).get("resume"):
+        overrides = [*overrides, f"run_dir={sweep_dir}"]  # one sweep directory for every rank
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(_rank_main, args=(sweep, overrides, queue), nprocs=sweep.agents, join=True, start_method="spawn")
+    return queue.get()
+
+
+class SweepTask:
+    """What each task of a SLURM job runs (submit with ``tasks_per_node * nodes == agents``): the sweep's
+    agent of this task's rank, rendezvous from :func:`acer_torchrl.cluster.job_rank_info`."""
+
+    def __call__(self, argv: list[str]) -> dict | None:
+        from acer_torchrl.cluster import job_rank_info
+
+        sweep, overrides = parse_sweep_args(argv)
+        rank, world_size, master_addr, port = job_rank_info()
+        return run_sweep_rank(sweep, overrides, rank, world_size, master_addr, port)
+
+
+def run(argv: list[str]) -> dict:
+    sweep, overrides = parse_sweep_args(argv)
+    return run_sweep(sweep, overrides) if sweep.mode == "local" else run_sweep_processes(sweep, overrides)
+
+
+# ---------------------------------------------------------------------------------------------- results
+def write_sweep_results(
+    sweep: SweepConfig,
+    sweep_dir: Path,
+    cfgs: list[Config],
+    summaries: list[dict],
+    rows: list[list[dict]],
+    sampled: list[list[int]],
+    stored: list[int] | None,
+) -> dict:
+    """``<sweep_dir>/metrics.csv`` (each agent's greedy return and the pointwise best, as the paper reports
+    sweeps: sec. A.3), ``learning_curves.png``, ``summary.json`` and the sweep's config."""
+    curves = []
+    for agent_rows in rows:
+        pts = {int(r["env_steps"]): r["eval_return_mean"] for r in agent_rows if "eval_return_mean" in r}
+        curves.append(pts)
+    steps = sorted(set().union(*curves))
+    table = []
+    for s in steps:
+        row: dict[str, Any] = {"env_steps": s}
+        values = {i: c[s] for i, c in enumerate(curves) if s in c}
+        for i in range(len(cfgs)):
+            row[f"agent{i}_eval_return_mean"] = values.get(i, "")
+        best = max(values, key=values.get)
+        row["best_eval_return_mean"], row["best_agent"] = values[best], best
+        table.append(row)
+    with (sweep_dir / "metrics.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(table[0]) if table else ["env_steps"])
+        writer.writeheader()
+        writer.writerows(table)
+    agents = []
+    for i, (cfg, summary) in enumerate(zip(cfgs, summaries)):
+        total = max(sum(sampled[i]), 1)
+        agents.append(
+            {
+                "agent": i,
+                "lr": cfg.optim.lr,
+                "entropy_coef": cfg.algo.entropy_coef,
+                "seed": cfg.seed,
+                "eval_return_mean": summary["eval_return_mean"],
+                "env_steps": summary["env_steps"],
+                "updates": summary["updates"],
+                "replayed_share_by_agent": [round(n / total, 4) for n in sampled[i]],
+                "run_dir": summary["run_dir"],
+            }
+        )
+    best = max(agents, key=lambda a: a["eval_return_mean"])
+    result = {
+        "sweep_dir": str(sweep_dir),
+        "agents": agents,
+        "best_agent": best["agent"],
+        "best_eval_return_mean": best["eval_return_mean"],
+        "env_steps_total": sum(a["env_steps"] for a in agents),
+        "wall_time_s": max(s["wall_time_s"] for s in summaries),
+        "shared_replay": {"capacity": cfgs[0].replay.capacity, "stored_steps_by_agent": stored},
+        "sweep": asdict(sweep),
+    }
+    (sweep_dir / "summary.json").write_text(json.dumps(result, indent=2))
+    dump_yaml(cfgs[0], sweep_dir / "agent0_config.yaml")
+    _plot(curves, table, sweep_dir / "learning_curves.png", cfgs)
+    return result
+
+
+def _plot(curves: list[dict], table: list[dict], path: Path, cfgs: list[Config]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (curve, cfg) in enumerate(zip(curves, cfgs)):
+        xs = sorted(curve)
+        label = f"agent {i}: lr {cfg.optim.lr:.2g}, entropy {cfg.algo.entropy_coef:.2g}"
+        ax.plot(xs, [curve[x] for x in xs], alpha=0.6, label=label)
+    if table:
+        ax.plot([r["env_steps"] for r in table], [r["best_eval_return_mean"] for r in table], "k--", lw=2,
+                label="best agent (pointwise)")
+    ax.set_xlabel("env steps (per agent)")
+    ax.set_ylabel("greedy return")
+    ax.set_title(f"LASER shared-replay sweep on {cfgs[0].env.name}")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

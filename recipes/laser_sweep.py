@@ -1,0 +1,47 @@
+"""A LASER hyper-parameter sweep whose agents share one experience replay (Schmitt et al. 2020, sec. 5.4-5.5).
+
+    python recipes/laser_sweep.py [agents=3] [mode=local|processes] [sweep.lr_factors=0.5,1,2]
+        [sweep.entropy_factors=0.5,1,2] [preset=cartpole] [key=value ...]
+
+Agent i trains with ``optim.lr`` and ``laser.entropy_coef`` scaled by the factors of
+:class:`acer_torchrl.shared_replay.SweepConfig` (9 agents cover the paper's 3 x 3 grid) and seed
+``seed + i``; every other key configures all agents (``replay.capacity`` is the one shared replay's).
+``mode=local`` steps all agents in this process; ``mode=processes`` runs one process per agent, rank 0
+serving the replay over ``torch.distributed.rpc`` (the layout of a SLURM job with one task per agent, see
+:class:`acer_torchrl.shared_replay.SweepTask`). The sweep directory gets each agent's run directory
+(``agent<i>/``), ``metrics.csv`` with every agent's greedy return and the pointwise best,
+``learning_curves.png`` and ``summary.json``.
+"""
+
+import sys
+import warnings
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    from acer_torchrl.cli import USER_ERRORS
+    from acer_torchrl.shared_replay import run
+    from acer_torchrl.trainer import TrainingError
+
+    try:
+        result = run(argv)
+    except (*USER_ERRORS, TrainingError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for agent in result["agents"]:
+        print(
+            f"agent {agent['agent']}: lr {agent['lr']:.3g}, entropy {agent['entropy_coef']:.3g}: greedy return "
+            f"{agent['eval_return_mean']:.1f} after {agent['env_steps']} env steps"
+        )
+    print(
+        f"best agent {result['best_agent']}: {result['best_eval_return_mean']:.1f}; "
+        f"{result['wall_time_s']:.0f} s; sweep dir {result['sweep_dir']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

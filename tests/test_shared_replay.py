@@ -1,0 +1,249 @@
+"""Shared experience replay across a sweep (LASER sec. 5.4-5.5): agent ids and behaviour statistics survive
+the round trip, trajectories of different agents never merge, one storage served to two processes over
+torch.distributed (gloo + RPC) with both agents sampling each other's data and refreshing LSTM states with
+their own network, and a short sweep end to end."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.modules import set_recurrent_mode
+
+from acer_torchrl.config import ConfigError
+from acer_torchrl.envs import EnvInfo
+from acer_torchrl.modules import make_torso
+from acer_torchrl.replay import EpisodeReplay
+from acer_torchrl.shared_replay import (
+    AGENT_KEY,
+    AgentReplay,
+    RemoteReplay,
+    SharedReplay,
+    parse_sweep_args,
+    run,
+    serve,
+)
+
+OBS = 3
+HIDDEN = 5
+
+
+def agent_batch(agent: int, traj_ids: list[int], start: int, T: int, ends: bool, hidden: bool = False) -> TensorDict:
+    """``[n_envs, T]`` steps of ``agent``: env row ``r`` continues trajectory ``traj_ids[r]`` from step
+    ``start``. observation = (agent, trajectory, step, noise); the behaviour logits encode the same
+    (agent * 1000 + trajectory * 100 + step), as an acting policy would have written them."""
+    n = len(traj_ids)
+    traj = torch.tensor(traj_ids).unsqueeze(-1).expand(n, T)
+    step = start + torch.arange(T).expand(n, T)
+    code = (agent * 1000 + traj * 100 + step).double()
+    done = torch.zeros(n, T, 1, dtype=torch.bool)
+    done[:, -1] = ends
+    td = TensorDict(
+        {
+            "observation": torch.stack([torch.full_like(code, agent), traj.double(), step.double(), torch.randn(n, T).double()], -1).float(),
+            "action": torch.zeros(n, T, dtype=torch.long),
+            "is_init": (step == 0).unsqueeze(-1),
+            ("behaviour", "logits"): torch.stack([code, -code], -1),
+            ("behaviour", "log_prob"): -code / 1e4,
+            ("collector", "traj_ids"): traj.clone(),
+            ("next", "done"): done,
+            ("next", "terminated"): done.clone(),
+            ("next", "truncated"): torch.zeros_like(done),
+            ("next", "reward"): torch.ones(n, T, 1),
+            ("next", "observation"): torch.randn(n, T, OBS + 1),
+        },
+        batch_size=[n, T],
+    )
+    if hidden:
+        for key in ("recurrent_state_h", "recurrent_state_c"):
+            td.set(key, torch.randn(n, T, 1, HIDDEN))  # stale acting-time states: refresh must replace them
+    return td
+
+
+def fill(handles: list[AgentReplay], hidden: bool = False) -> None:
+    """Both agents collect with colliding trajectory ids (each collector counts from 0), interleaved."""
+    for chunk in range(3):
+        for agent, handle in enumerate(handles):
+            handle.extend(agent_batch(agent, [0, 1], start=8 * chunk, T=8, ends=chunk == 2, hidden=hidden))
+
+
+def check_round_trip(sample: TensorDict) -> set[int]:
+    """Every real step carries its own agent's id and behaviour statistics; sequences stay in one agent's
+    trajectory, in order. Returns the agent ids seen."""
+    mask = sample["mask"]
+    obs, ids = sample["observation"], sample[AGENT_KEY][..., 0]
+    logits, log_mu = sample["behaviour", "logits"], sample["behaviour", "log_prob"]
+    code = ids * 1000 + obs[..., 1].long() * 100 + obs[..., 2].long()
+    assert torch.equal(ids[mask], obs[..., 0].long()[mask]), "agent id does not match the agent's data"
+    assert torch.equal(logits[..., 0][mask], code.double()[mask]), "behaviour logits changed in the replay"
+    assert torch.equal(log_mu[mask], (-code.double() / 1e4)[mask])
+    for b in range(obs.shape[0]):  # test-side loop over the sampled sequences
+        real = obs[b][mask[b]]
+        assert (real[:, :2] == real[0, :2]).all(), "a sequence mixes agents or trajectories"
+        assert torch.equal(real[:, 2], real[0, 2] + torch.arange(len(real)).float())
+    return set(ids[mask].tolist())
+
+
+def test_agent_ids_and_behaviour_stats_survive_the_shared_replay():
+    shared = SharedReplay(EpisodeReplay(1000, seed=0), n_agents=2)
+    handles = [AgentReplay(shared, i, 2, owner=i == 0) for i in range(2)]
+    fill(handles)
+    assert len(handles[1]) == 2 * 2 * 24 and shared.agent_counts() == [48, 48]
+    assert shared.replay.num_episodes == 4, "colliding trajectory ids of two agents must stay 4 episodes"
+    sample = handles[1].sample_sequences(64, 6)
+    assert check_round_trip(sample) == {0, 1}
+    assert handles[1].sampled.sum() == sample["mask"].sum() and (handles[1].sampled > 0).all()
+    with pytest.raises(ValueError, match="agent_id 2"):
+        shared.extend(agent_batch(2, [0], 0, 4, True), 2)
+
+
+def test_only_the_owner_persists_the_shared_replay(tmp_path):
+    shared = SharedReplay(EpisodeReplay(1000, seed=0), n_agents=2)
+    handles = [AgentReplay(shared, i, 2, owner=i == 0) for i in range(2)]
+    fill(handles)
+    handles[0].save(tmp_path / "a0")
+    handles[1].save(tmp_path / "a1")
+    assert (tmp_path / "a0" / "links.pt").is_file() and not (tmp_path / "a1" / "links.pt").exists()
+    restored = SharedReplay(EpisodeReplay(1000, seed=0), n_agents=2)
+    AgentReplay(restored, 0, 2, owner=True).load(tmp_path / "a0")
+    assert restored.agent_counts() == [48, 48]
+
+
+def test_sweep_arguments():
+    sweep, rest = parse_sweep_args(["agents=4", "sweep.lr_factors=1,2", "preset=cartpole", "optim.lr=0.01"])
+    assert sweep.agents == 4 and sweep.lr_factors == [1.0, 2.0] and rest == ["preset=cartpole", "optim.lr=0.01"]
+    assert [sweep.factors(i) for i in range(4)] == [(1.0, 0.5), (2.0, 1.0), (1.0, 1.0), (2.0, 2.0)]
+    assert len({sweep.factors(i) for i in range(6)}) == 6, "2 x 3 grid: 6 distinct agents"
+    nine = parse_sweep_args(["agents=9"])[0]
+    assert len({nine.factors(i) for i in range(9)}) == 9, "9 agents cover the 3 x 3 grid"
+    with pytest.raises(ConfigError, match="sweep.bogus"):
+        parse_sweep_args(["sweep.bogus=1"])
+    with pytest.raises(ConfigError, match="mode"):
+        parse_sweep_args(["mode=cloud"])
+
+
+# ---------------------------------------------------------------------------------------------- 2 processes
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torso():
+    torch.manual_seed(0)  # the same network in both processes
+    info = EnvInfo(obs_shape=(OBS + 1,), obs_dtype=torch.float32, discrete=True, num_actions=2)
+    return make_torso(info, [8], "tanh", lstm_hidden=HIDDEN)
+
+
+def _rank(rank: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed import rpc
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    shared = SharedReplay(EpisodeReplay(1000, seed=rank), n_agents=2) if rank == 0 else None
+    serve(shared)
+    options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port + 1}", rpc_timeout=60)
+    rpc.init_rpc(f"agent{rank}", rank=rank, world_size=2, rpc_backend_options=options)
+    handle = AgentReplay(shared if rank == 0 else RemoteReplay("agent0"), rank, 2, owner=rank == 0)
+    for chunk in range(3):  # each process writes only its own agent's experience
+        handle.extend(agent_batch(rank, [0, 1], start=8 * chunk, T=8, ends=chunk == 2, hidden=True))
+    dist.barrier()
+    sample = handle.sample_sequences(48, 6)
+    seen = check_round_trip(sample)
+    torso = _torso()
+    with torch.no_grad(), set_recurrent_mode(True):
+        handle.refresh_recurrent_state(sample, torso.module, torso.hidden_keys)  # prefixes over RPC
+    gathered = [None, None]
+    dist.all_gather_object(gathered, (sorted(seen), handle.sampled.tolist(), sample))
+    if rank == 0:  # the owner recomputes the refreshed states of rank 1's sample from its local storage
+        remote = gathered[1][2]
+        local = remote.clone()
+        with torch.no_grad(), set_recurrent_mode(True):
+            shared.replay.refresh_recurrent_state(local, torso.module, torso.hidden_keys)
+        same = all(torch.allclose(local[k][:, 0], remote[k][:, 0]) for k in torso.hidden_keys)
+        moved = any(remote[k][:, 0].abs().sum() > 0 for k in torso.hidden_keys)
+        report = {"seen": [g[0] for g in gathered], "sampled": [g[1] for g in gathered], "refresh_same": same,
+                  "refresh_nonzero": bool(moved), "stored": shared.agent_counts()}
+        with open(f"{out_dir}/report.json", "w") as f:
+            json.dump(report, f)
+    rpc.shutdown()
+    serve(None)
+    dist.destroy_process_group()
+
+
+def test_two_processes_share_one_replay_over_gloo_and_rpc(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["stored"] == [48, 48], "one storage (rank 0's) holds both agents' experience"
+    assert report["seen"] == [[0, 1], [0, 1]], "each agent samples the other's data"
+    assert all(min(counts) > 0 for counts in report["sampled"])
+    assert report["refresh_same"] and report["refresh_nonzero"]
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+SMOKE = [
+    "preset=cartpole", "total_frames=256", "collector.workers=0", "collector.frames_per_batch=64",
+    "replay.min_size=64", "eval.interval=128", "eval.episodes=1", "eval.max_steps=50", "log.checkpoint_interval=100000",
+]
+
+
+def test_local_sweep_end_to_end(tmp_path):
+    result = run(["agents=2", f"run_dir={tmp_path}", *SMOKE])
+    assert [a["env_steps"] for a in result["agents"]] == [256, 256]
+    assert result["shared_replay"]["stored_steps_by_agent"] == [256, 256]
+    assert [(a["lr"], a["entropy_coef"]) for a in result["agents"]] == [(0.5e-3, 0.005), (1e-3, 0.01)]
+    for agent in result["agents"]:
+        assert min(agent["replayed_share_by_agent"]) > 0, "every agent learns from both agents' data"
+    for name in ("metrics.csv", "learning_curves.png", "summary.json"):
+        assert (tmp_path / name).is_file()
+    assert (tmp_path / "agent0" / "checkpoint" / "replay" / "links.pt").is_file()
+    assert not (tmp_path / "agent1" / "checkpoint" / "replay" / "links.pt").exists()
+    header = (tmp_path / "metrics.csv").read_text().splitlines()[0]
+    assert "agent1_eval_return_mean" in header and "best_eval_return_mean" in header
+
+
+@pytest.mark.slow
+def test_process_sweep_end_to_end(tmp_path):
+    port = _free_port()
+    result = run(["agents=2", "mode=processes", f"sweep.port={port}", f"run_dir={tmp_path}", *SMOKE])
+    assert [a["env_steps"] for a in result["agents"]] == [256, 256]
+    assert result["shared_replay"]["stored_steps_by_agent"] == [256, 256]
+    for agent in result["agents"]:
+        assert min(agent["replayed_share_by_agent"]) > 0
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.usefixtures("slurm_cluster")
+def test_slurm_job_with_one_task_per_agent(tmp_path):
+    """The same sweep as one SLURM job with two tasks (submitit): rank 0 serves the replay to rank 1."""
+    import submitit
+
+    from acer_torchrl.shared_replay import SweepTask
+
+    ex = submitit.AutoExecutor(folder=tmp_path / "logs" / "%j", cluster="slurm")
+    ex.update_parameters(timeout_min=60, cpus_per_task=1, tasks_per_node=2)
+    job = ex.submit(SweepTask(), ["agents=2", f"run_dir={tmp_path / 'sweep'}", *SMOKE])
+    results = job.results()
+    summary = next(r for r in results if r is not None)
+    assert results.count(None) == 1, "only rank 0 reports the sweep"
+    assert summary["shared_replay"]["stored_steps_by_agent"] == [256, 256]
+    for agent in summary["agents"]:
+        assert min(agent["replayed_share_by_agent"]) > 0
+
+
+@pytest.mark.slow
+def test_local_sweep_resumes_with_its_shared_replay(tmp_path):
+    run(["agents=2", f"run_dir={tmp_path}", *SMOKE])
+    result = run(["agents=2", f"resume={tmp_path}", "total_frames=384"])
+    assert [a["env_steps"] for a in result["agents"]] == [384, 384]
+    assert result["shared_replay"]["stored_steps_by_agent"] == [384, 384], "the replay came back from agent 0's checkpoint"
+    assert [(a["lr"], a["entropy_coef"]) for a in result["agents"]] == [(0.5e-3, 0.005), (1e-3, 0.01)]
+    with pytest.raises(ConfigError, match="agent2"):
+        run(["agents=3", f"resume={tmp_path}"])
