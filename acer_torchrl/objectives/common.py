@@ -37,6 +37,14 @@ class ReplayLoss(LossModule):
     def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay) -> None:
         """Called after each optimiser step with the batch it used (write-backs, controllers)."""
 
+    def after_extend(self, batch: TensorDictBase, slots: torch.Tensor, replay) -> None:
+        """Called after each collected batch is stored, with the storage slots its steps went to
+        (row-major), e.g. to compute per-episode estimates over the stored steps (V-RACER)."""
+
+    def lr_scale(self) -> float:
+        """Multiplier of ``optim.lr`` for the next optimiser step (annealing, e.g. ReF-ER eq. 13)."""
+        return 1.0
+
 
 def poisson_plan(rng: np.random.Generator, replay_ratio: float, on_policy_first: bool) -> list[float]:
     """ACER Algorithm 1: an on-policy step on the fresh batch, then n ~ Poisson(replay_ratio) replay steps."""

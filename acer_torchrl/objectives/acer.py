@@ -1,0 +1,547 @@
+"""ACER: actor-critic with experience replay (Wang et al. 2017, "Sample efficient actor-critic with
+experience replay", ICLR 2017; ``../shared/papers/acer-wang2017.txt``). Equation numbers below are the
+paper's; "Alg. 2/3" are its appendix A pseudo-code.
+
+Discrete actions (sec. 3, Alg. 2): a policy head (logits) and a Q head on one torso, ``V = sum_a pi Q``,
+the Retrace target ``Q^ret`` with ``c_t = min(1, rho_t)`` (eq. 5), the critic regression on ``Q^ret``
+(eq. 6), and the truncated importance-weighted policy gradient with bias correction over all actions
+(eq. 9), plus an entropy bonus.
+
+Continuous actions (sec. 5, Alg. 3): a Gaussian policy and a stochastic dueling network (SDN, eq. 13)
+giving ``V(x)`` and ``Q~(x, a) = V(x) + A(x, a) - 1/n sum_i A(x, u_i)``, ``u_i ~ pi``; ``Q^ret`` with
+``c_t = min(1, rho_t^(1/d))`` trains ``Q~`` and ``V`` (eq. 14), ``Q^opc`` (App. B, eq. 21) drives the
+policy term, and the bias correction uses one action sampled from pi (eq. 16).
+
+Efficient trust region (sec. 3.3): the policy gradient is taken w.r.t. the distribution statistics
+``phi`` (logits; loc, and scale when it is learned), projected with eq. 12 against
+``k = grad_phi KL(f(.|phi_avg) || f(.|phi))`` of an average policy network
+``theta_a <- alpha theta_a + (1 - alpha) theta`` (TorchRL ``SoftUpdate`` on the loss' target parameters),
+and back-propagated into theta through phi only. In TorchRL terms this is a surrogate loss: ``g`` is
+computed by autograd w.r.t. a detached copy of ``phi`` (exact, per step), projected to ``z*``, and
+``loss_policy = -mean_t (z*_t.detach() . phi_t)`` so that ``d loss / d theta = -mean_t z*_t dphi_t/dtheta``
+(Alg. 2: ``dtheta += dphi/dtheta z*``). The critic's gradient is not projected.
+
+Deviations from the paper, and why:
+
+* Gradients are averaged over the real steps of a batch of sequences (one Adam step per batch)
+  instead of summed per thread and applied asynchronously (Alg. 2's ``dtheta`` accumulation).
+* The critic loss is ``1/2 (Q^ret - Q)^2`` so that its gradient is exactly eq. 6 (Alg. 2 writes the
+  gradient of the square without the 1/2).
+* Eq. 9 / Alg. 2 weigh the bias correction of action ``a`` by ``Q(x_t, a) - V(x_t)`` (Alg. 2's
+  ``Q(x_i, a_i)`` there is a typo for ``Q(x_i, a)``); we follow eq. 9.
+* phi for discrete actions is the logits vector rather than the probability vector: it is what the
+  network outputs, its KL gradient is simply ``pi - pi_avg`` and the projection keeps its meaning.
+* The entropy bonus is a separate ``loss_entropy`` term, not part of the projected ``g`` (Alg. 2 has
+  none; A3C's entropy regulariser is added to the objective directly).
+* A window's last row (and a row whose episode was truncated) bootstraps on ``V`` of the stored
+  next observation evaluated by the current network, as in Alg. 2-3's ``Q^ret <- V(x_k)``; with an
+  LSTM that evaluation starts from the recurrent state stored at acting time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from tensordict import TensorDict, TensorDictBase, TensorDictParams
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from tensordict.utils import NestedKey
+from torch import nn
+from torchrl.modules.distributions import IndependentNormal
+from torchrl.objectives import SoftUpdate
+
+from acer_torchrl.agent import Agent
+from acer_torchrl.algorithms import Algorithm
+from acer_torchrl.config import Config, ConfigError
+from acer_torchrl.envs import EnvInfo
+from acer_torchrl.modules import (
+    BEHAVIOUR,
+    GaussianHead,
+    MLPEncoder,
+    acting_policy,
+    learning_module,
+    make_torso,
+    policy_keys,
+)
+from acer_torchrl.objectives import functional
+from acer_torchrl.objectives.common import ReplayLoss, masked_mean, poisson_plan, sequence_mask, trace_cut
+from acer_torchrl.replay import MASK_KEY
+
+
+@dataclass
+class ACERConfig:
+    """``acer.<field>=`` overrides (paper values: Atari sec. 4, MuJoCo sec. 6)."""
+
+    replay_ratio: float = 4.0  # r of Alg. 1: Poisson(r) replay updates after each collected batch
+    on_policy: bool | None = None  # on-policy update first (Alg. 1); None: discrete yes, continuous no (sec. 6)
+    c: float = 10.0  # importance-weight truncation of the policy gradient (eq. 9 / 16)
+    trust_region: bool = True  # efficient trust region (sec. 3.3); false: truncation + bias correction only
+    delta: float = 1.0  # trust-region constraint (eq. 11)
+    alpha: float = 0.99  # average policy network decay: theta_a <- alpha theta_a + (1 - alpha) theta
+    entropy_coef: float = 0.001
+    critic_coef: float = 1.0  # weight of 1/2 (Q^ret - Q)^2 (eq. 6) [+ 1/2 (V^target - V)^2, eq. 14]
+    sdn_samples: int = 5  # n of eq. 13 (continuous)
+    sdn_hidden: list[int] = field(default_factory=lambda: [64])  # the SDN's advantage network A(x, a)
+    init_std: float = 0.3  # Gaussian policy std (sec. 6: fixed 0.3)
+    learn_std: bool = False  # learn a state-independent std instead of the fixed one
+
+    def validate(self, cfg: Config) -> None:
+        if self.replay_ratio < 0:
+            raise ConfigError(f"acer.replay_ratio must be >= 0, got {self.replay_ratio}")
+        if self.on_policy is False and self.replay_ratio == 0:
+            raise ConfigError("acer.on_policy=false with acer.replay_ratio=0 never updates; set one of them")
+        if self.c <= 0 or self.delta <= 0:
+            raise ConfigError(f"acer.c and acer.delta must be > 0, got c={self.c}, delta={self.delta}")
+        if not 0.0 <= self.alpha < 1.0:
+            raise ConfigError(f"acer.alpha must be in [0, 1), got {self.alpha}")
+        if self.sdn_samples < 1 or self.init_std <= 0:
+            raise ConfigError("acer.sdn_samples must be >= 1 and acer.init_std > 0")
+        if self.entropy_coef < 0 or self.critic_coef < 0:
+            raise ConfigError("acer.entropy_coef and acer.critic_coef must be >= 0")
+
+
+class SDNAdvantage(nn.Module):
+    """The advantage stream ``A(x, a)`` of the stochastic dueling network (ACER eq. 13): a small MLP on
+    the torso's features and the action ("an additional small network that computes the stochastic A
+    values", sec. 6)."""
+
+    def __init__(self, core_dim: int, action_dim: int, hidden: list[int], act: str = "relu"):
+        super().__init__()
+        self.mlp = MLPEncoder(core_dim + action_dim, hidden, act)
+        self.out = nn.Linear(self.mlp.out_dim, 1)
+
+    def forward(self, core: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        core = core.expand(*action.shape[:-1], core.shape[-1])
+        return self.out(self.mlp(torch.cat([core, action], -1)))
+
+
+class ACERLoss(ReplayLoss):
+    """ACER's loss on ``[B, T]`` sequences (on-policy windows or replayed ones).
+
+    Args:
+        actor_network: ``observation`` (+ ``is_init`` and recurrent state) -> the policy statistics
+            (``"logits"``; or ``"loc"`` and ``"scale"``) and the torso features the critic reads. The
+            average policy network is a copy of its parameters (``target_actor_network_params``),
+            updated by ``SoftUpdate(loss, eps=alpha)`` after each step when ``trust_region``.
+        critic_network: reads the actor's output and writes ``"action_value"`` ``[.., A]`` (discrete)
+            or ``"state_value"`` ``[.., 1]`` (continuous).
+        advantage_network: continuous only: ``A(core, action) -> [.., 1]`` of the SDN (eq. 13).
+        discrete: categorical (True) or diagonal Gaussian (False) policy.
+        gamma: discount.
+        c: truncation of the policy-gradient importance weights (eq. 9 / 16).
+        trust_region, delta: the efficient trust region (sec. 3.3, eq. 11-12).
+        entropy_coef, critic_coef: weights of the entropy bonus and of the critic loss.
+        sdn_samples: ``n`` of eq. 13.
+        replay_ratio, on_policy: Alg. 1's master loop (:meth:`update_plan`).
+        seq_len: steps per sequence.
+
+    The continuous loss draws ``sdn_samples + 1`` actions from the current policy in one
+    ``dist.sample((n + 1,))`` call per forward: the first is eq. 16's ``a'_t``, the others eq. 13's ``u_i``.
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        """Configurable tensordict keys (``loss.set_keys(name=key)``).
+
+        Attributes:
+            action: taken action (int index, or float ``[.., d]``).
+            reward, done, terminated: read under ``"next"``.
+            behaviour_logits, behaviour_loc, behaviour_scale: mu's statistics stored at acting time.
+            logits, loc, scale: the learning network's policy statistics phi.
+            action_value: Q over actions (discrete); state_value: V (continuous).
+            core: torso features the SDN advantage network reads (continuous).
+        """
+
+        action: NestedKey = "action"
+        reward: NestedKey = "reward"
+        done: NestedKey = "done"
+        terminated: NestedKey = "terminated"
+        behaviour_logits: NestedKey = (BEHAVIOUR, "logits")
+        behaviour_loc: NestedKey = (BEHAVIOUR, "loc")
+        behaviour_scale: NestedKey = (BEHAVIOUR, "scale")
+        logits: NestedKey = "logits"
+        loc: NestedKey = "loc"
+        scale: NestedKey = "scale"
+        action_value: NestedKey = "action_value"
+        state_value: NestedKey = "state_value"
+        core: NestedKey = "core"
+
+    default_keys = _AcceptedKeys
+    tensor_keys: _AcceptedKeys
+
+    actor_network: TensorDictModuleBase
+    actor_network_params: TensorDictParams
+    target_actor_network_params: TensorDictParams
+
+    def __init__(
+        self,
+        actor_network: TensorDictModuleBase,
+        critic_network: TensorDictModuleBase,
+        advantage_network: nn.Module | None = None,
+        *,
+        discrete: bool,
+        gamma: float = 0.99,
+        c: float = 10.0,
+        trust_region: bool = True,
+        delta: float = 1.0,
+        entropy_coef: float = 0.001,
+        critic_coef: float = 1.0,
+        sdn_samples: int = 5,
+        replay_ratio: float = 4.0,
+        on_policy: bool = True,
+        seq_len: int = 20,
+    ):
+        super().__init__()
+        if not discrete and advantage_network is None:
+            raise ValueError("continuous ACER needs the SDN advantage network (eq. 13)")
+        self.convert_to_functional(actor_network, "actor_network", create_target_params=trust_region)
+        self.critic_network = critic_network
+        self.advantage_network = advantage_network
+        self.discrete = discrete
+        self.gamma = gamma
+        self.c = c
+        self.trust_region = trust_region
+        self.delta = delta
+        self.entropy_coef = entropy_coef
+        self.critic_coef = critic_coef
+        self.sdn_samples = sdn_samples
+        self.replay_ratio = replay_ratio
+        self.on_policy = on_policy
+        self.seq_len = seq_len
+
+    # ------------------------------------------------------------------ TorchRL key plumbing
+    @property
+    def _stat_keys(self) -> list[NestedKey]:
+        k = self.tensor_keys
+        return [k.logits] if self.discrete else [k.loc, k.scale]
+
+    @property
+    def in_keys(self) -> list[NestedKey]:
+        k = self.tensor_keys
+        behaviour = [k.behaviour_logits] if self.discrete else [k.behaviour_loc, k.behaviour_scale]
+        actor_in = list(self.actor_network.in_keys)
+        return [
+            k.action,
+            *behaviour,
+            *[("next", key) for key in (k.reward, k.done, k.terminated)],
+            *actor_in,
+            *[("next", key) for key in actor_in],
+            MASK_KEY,
+        ]
+
+    @property
+    def out_keys(self) -> list[str]:
+        diagnostics = ["rho_mean", "truncated_share", "entropy", "value_mean", "q_ret_mean"]
+        if self.trust_region:
+            diagnostics += ["kl_average", "trust_region_active"]
+        return ["loss_policy", "loss_critic", "loss_entropy", *diagnostics]
+
+    # ------------------------------------------------------------------ Alg. 1
+    def update_plan(self, rng) -> list[float]:
+        """ACER Alg. 1: one on-policy update on the fresh batch (when ``on_policy``), then
+        ``Poisson(replay_ratio)`` replay updates."""
+        return poisson_plan(rng, self.replay_ratio, self.on_policy)
+
+    # ------------------------------------------------------------------ networks
+    def _evaluate(self, td: TensorDictBase) -> TensorDictBase:
+        """The learning network (actor then critic) on the inputs of ``td``, in a fresh TensorDict."""
+        inputs = td.select(*self.actor_network.in_keys, strict=False)
+        with self.actor_network_params.to_module(self.actor_network):
+            out = self.actor_network(inputs)
+        return self.critic_network(out)
+
+    def _distribution(self, stats: list[torch.Tensor]) -> torch.distributions.Distribution:
+        if self.discrete:
+            return torch.distributions.Categorical(logits=stats[0])
+        return IndependentNormal(*stats)
+
+    def _state_value(self, out: TensorDictBase) -> torch.Tensor:
+        """``V(x)``: ``sum_a pi(a|x) Q(x, a)`` (discrete, sec. 3.1) or the SDN's V head (continuous)."""
+        if self.discrete:
+            pi = out.get(self.tensor_keys.logits).softmax(-1)
+            return (pi * out.get(self.tensor_keys.action_value)).sum(-1, keepdim=True)
+        return out.get(self.tensor_keys.state_value)
+
+    @torch.no_grad()
+    def _next_state_value(self, td: TensorDictBase, value: torch.Tensor, bootstrap: torch.Tensor) -> torch.Tensor:
+        """``V(x_{t+1})`` for every row: row ``t+1``'s value inside an episode, and the current network
+        on the stored ``("next", "observation")`` where row ``t`` ``bootstrap``s (window end, last real
+        step before padding, truncation), as Alg. 2-3's ``Q^ret <- V(x_k)``."""
+        next_value = torch.cat([value[:, 1:], value[:, -1:]], dim=1)
+        rows = bootstrap.squeeze(-1)
+        if rows.any():
+            nxt = td.get("next")[rows].unsqueeze(-1)  # [N, 1]: one step from the stored next state
+            nxt.set("is_init", torch.zeros(*nxt.shape, 1, dtype=torch.bool, device=nxt.device))
+            next_value[rows] = self._state_value(self._evaluate(nxt))[:, 0]
+        return next_value
+
+    # ------------------------------------------------------------------ trust region (sec. 3.3)
+    def _policy_surrogate(
+        self,
+        stats: list[torch.Tensor],
+        objective,
+        average_stats: list[torch.Tensor] | None,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The phi-surrogate of the (projected) policy gradient.
+
+        ``objective(dist)`` sums the per-step policy objective whose gradient w.r.t. ``phi_t`` is eq. 10
+        (discrete) or eq. 16 (continuous), with every coefficient detached. ``g_t`` is that gradient
+        (autograd on a detached copy of phi: per step, since steps do not interact), projected to
+        ``z*_t`` by eq. 12 against ``k_t = grad_phi KL(f(.|phi_avg,t) || f(.|phi_t))``, and returned as
+        ``-mean_t z*_t . phi_t`` whose gradient carries ``z*`` into theta. Only the statistics that
+        depend on theta are phi (a fixed Gaussian std is not, sec. 5.2).
+        """
+        trained = [s.requires_grad for s in stats]
+        leaves = [s.detach().requires_grad_(t) for s, t in zip(stats, trained)]
+        phi_leaves = [leaf for leaf, t in zip(leaves, trained) if t]
+        diagnostics = {}
+        with torch.enable_grad():
+            dist = self._distribution(leaves)
+            g = torch.autograd.grad(objective(dist), phi_leaves, retain_graph=average_stats is not None)
+            g = torch.cat(g, -1)
+            if average_stats is not None:
+                kl = torch.distributions.kl_divergence(self._distribution(average_stats), dist).unsqueeze(-1)
+                k = torch.cat(torch.autograd.grad(kl.sum(), phi_leaves), -1)
+        if average_stats is not None:
+            z = functional.acer_trust_region(g, k, self.delta)  # eq. 12
+            diagnostics["kl_average"] = masked_mean(kl.detach(), mask)
+            active = (k * g).sum(-1, keepdim=True) > self.delta
+            diagnostics["trust_region_active"] = masked_mean(active.float(), mask)
+        else:
+            z = g
+        phi = torch.cat([s for s, t in zip(stats, trained) if t], -1)
+        return -masked_mean((z.detach() * phi).sum(-1, keepdim=True), mask), diagnostics
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        keys = self.tensor_keys
+        td = tensordict
+        mask = sequence_mask(td)
+        reward = td.get(("next", keys.reward))
+        terminated = td.get(("next", keys.terminated)).bool()
+        # the estimators' done: also cut at the last real step before padding (common.trace_cut)
+        done = trace_cut(td.get(("next", keys.done)).bool(), mask)
+        out = self._evaluate(td)
+        stats = [out.get(key) for key in self._stat_keys]
+        average_stats = None
+        if self.trust_region:
+            with torch.no_grad(), self.target_actor_network_params.to_module(self.actor_network):
+                average = self.actor_network(td.select(*self.actor_network.in_keys, strict=False))
+            average_stats = [average.get(key) for key in self._stat_keys]
+        value = self._state_value(out)
+        next_value = self._next_state_value(td, value.detach(), mask & done & ~terminated)
+        terms = self._discrete if self.discrete else self._continuous
+        objective, critic, rho, q_ret = terms(td, out, stats, value, next_value, reward, terminated, done, mask)
+        loss_policy, diagnostics = self._policy_surrogate(stats, objective, average_stats, mask)
+        entropy = masked_mean(self._distribution(stats).entropy().unsqueeze(-1), mask)
+        return TensorDict(
+            {
+                "loss_policy": loss_policy,
+                "loss_critic": self.critic_coef * critic,
+                "loss_entropy": -self.entropy_coef * entropy,
+                "rho_mean": masked_mean(rho, mask),
+                "truncated_share": masked_mean((rho > self.c).float(), mask),
+                "entropy": entropy.detach(),
+                "value_mean": masked_mean(value.detach(), mask),
+                "q_ret_mean": masked_mean(q_ret, mask),
+                **diagnostics,
+            },
+            batch_size=[],
+        )
+
+    def _discrete(self, td, out, stats, value, next_value, reward, terminated, done, mask):
+        """Discrete ACER (sec. 3, Alg. 2)."""
+        keys = self.tensor_keys
+        action = td.get(keys.action).long().unsqueeze(-1)  # [B, T, 1] index
+        q = out.get(keys.action_value)
+        with torch.no_grad():
+            log_pi = stats[0].log_softmax(-1)
+            log_rho_all = log_pi - td.get(keys.behaviour_logits).log_softmax(-1)  # log pi(a)/mu(a), all a
+            rho = log_rho_all.gather(-1, action).exp()
+            q_all, v = q.detach(), value.detach()
+            # Retrace (eq. 5) with c_t = min(1, rho_t) (Alg. 2's rho-bar_i)
+            q_ret = functional.retrace(
+                self.gamma, reward, q_all.gather(-1, action), next_value, rho.clamp_max(1.0), terminated, done
+            )
+            rho_bar = rho.clamp_max(self.c)
+            # eq. 9 bias correction over all actions: pi(a) [1 - c / rho(a)]_+ (Q(x, a) - V(x))
+            correction = log_pi.exp() * (1.0 - self.c * torch.exp(-log_rho_all)).clamp_min(0.0) * (q_all - v)
+            advantage = rho_bar * (q_ret - v)
+
+        def objective(dist: torch.distributions.Categorical) -> torch.Tensor:
+            # sum_t of eq. 10's objective: its gradient w.r.t. phi_t (logits) is g_t of eq. 10
+            log_f = dist.logits  # normalised log-probabilities
+            return (advantage * log_f.gather(-1, action)).sum() + (correction * log_f).sum()
+
+        critic = masked_mean(0.5 * (q_ret - q.gather(-1, action)).pow(2), mask)  # eq. 6
+        return objective, critic, rho, q_ret
+
+    def _continuous(self, td, out, stats, value, next_value, reward, terminated, done, mask):
+        """Continuous ACER with a stochastic dueling network (sec. 5, Alg. 3)."""
+        keys = self.tensor_keys
+        action = td.get(keys.action)
+        d = action.shape[-1]
+        n = self.sdn_samples
+        with torch.no_grad():
+            pi = self._distribution([s.detach() for s in stats])
+            mu = IndependentNormal(td.get(keys.behaviour_loc), td.get(keys.behaviour_scale))
+            samples = pi.sample((n + 1,))  # a'_t (eq. 16), then u_1..u_n (eq. 13)
+            sampled = samples[0]
+            log_rho = (pi.log_prob(action) - mu.log_prob(action)).unsqueeze(-1)
+            log_rho_sampled = (pi.log_prob(sampled) - mu.log_prob(sampled)).unsqueeze(-1)
+        # SDN (eq. 13): Q~(x, a) = V(x) + A(x, a) - 1/n sum_i A(x, u_i), one pass over a_t, a'_t, u_1..u_n
+        advantages = self.advantage_network(out.get(keys.core), torch.cat([action.unsqueeze(0), samples], 0))
+        q_tilde = value + advantages[0] - advantages[2:].mean(0)
+        with torch.no_grad():
+            v = value.detach()
+            q_tilde_sampled = v + advantages[1] - advantages[2:].mean(0)
+            q_taken = q_tilde.detach()
+            rho = log_rho.exp()
+            # Retrace with c_i = min(1, rho_i^(1/d)) (sec. 5.1) for the critic, Q^opc (c = 1, eq. 21) for pi
+            trace = torch.exp((log_rho / d).clamp_max(0.0))
+            q_ret = functional.retrace(self.gamma, reward, q_taken, next_value, trace, terminated, done)
+            ones = torch.ones_like(trace)
+            q_opc = functional.retrace(self.gamma, reward, q_taken, next_value, ones, terminated, done)
+            advantage = rho.clamp_max(self.c) * (q_opc - v)
+            # eq. 16: [1 - c / rho(a'_t)]_+ (Q~(x_t, a'_t) - V(x_t))
+            correction = (1.0 - self.c * torch.exp(-log_rho_sampled)).clamp_min(0.0) * (q_tilde_sampled - v)
+            v_target = rho.clamp_max(1.0) * (q_ret - q_taken) + v  # eq. 14
+
+        def objective(dist: IndependentNormal) -> torch.Tensor:
+            # sum_t of eq. 16's objective: its gradient w.r.t. phi_t is g_t of eq. 16
+            return (advantage.squeeze(-1) * dist.log_prob(action)).sum() + (
+                correction.squeeze(-1) * dist.log_prob(sampled)
+            ).sum()
+
+        # Alg. 3: (Q^ret - Q~) grad Q~ + min(1, rho) (Q^ret - Q~) grad V  =  grads of these two squares
+        critic = masked_mean(0.5 * (q_ret - q_tilde).pow(2) + 0.5 * (v_target - value).pow(2), mask)
+        return objective, critic, rho, q_ret
+
+
+# ---------------------------------------------------------------------------------------------- build
+def build(cfg: Config, info: EnvInfo) -> Agent:
+    """Networks of ``cfg.network`` on one torso: policy head + Q head (discrete) or Gaussian policy +
+    V head + SDN advantage network (continuous); the loss; the acting policy; the average-policy updater."""
+    a: ACERConfig = cfg.algo
+    net = cfg.network
+    torso = make_torso(info, net.hidden, net.activation, net.lstm_hidden if net.lstm else None)
+    if info.discrete:
+        policy_head = nn.Linear(torso.out_dim, info.num_actions)
+        critic = TensorDictModule(nn.Linear(torso.out_dim, info.num_actions), ["core"], ["action_value"])
+        advantage = None
+        nn.init.orthogonal_(policy_head.weight, gain=0.01)  # start near the uniform policy
+        nn.init.zeros_(policy_head.bias)
+    else:
+        policy_head = GaussianHead(torso.out_dim, info.action_dim, a.init_std, a.learn_std)
+        critic = TensorDictModule(nn.Linear(torso.out_dim, 1), ["core"], ["state_value"])
+        advantage = SDNAdvantage(torso.out_dim, info.action_dim, a.sdn_hidden, net.activation)
+        nn.init.orthogonal_(policy_head.loc.weight, gain=0.01)
+        nn.init.zeros_(policy_head.loc.bias)
+    actor = learning_module(torso, TensorDictModule(policy_head, ["core"], policy_keys(info)))
+    loss = ACERLoss(
+        actor,
+        critic,
+        advantage,
+        discrete=info.discrete,
+        gamma=cfg.gamma,
+        c=a.c,
+        trust_region=a.trust_region,
+        delta=a.delta,
+        entropy_coef=a.entropy_coef,
+        critic_coef=a.critic_coef,
+        sdn_samples=a.sdn_samples,
+        replay_ratio=a.replay_ratio,
+        on_policy=info.discrete if a.on_policy is None else a.on_policy,
+        seq_len=cfg.replay.seq_len,
+    )
+    updaters = [SoftUpdate(loss, eps=a.alpha)] if a.trust_region else []
+    return Agent(loss=loss, policy=acting_policy(torso, policy_head, info), torsos=[torso], updaters=updaters)
+
+
+PRESETS: dict[str, dict[str, object]] = {
+    # quick discrete check (what `make train` runs): a few minutes on 2 cores
+    "cartpole": {
+        "env.name": "CartPole-v1",
+        "total_frames": 50_000,
+        "collector.workers": 2,
+        "collector.frames_per_batch": 64,
+        "replay.seq_len": 16,
+        "replay.batch_size": 16,
+        "replay.capacity": 50_000,
+        "replay.min_size": 1_000,
+        "optim.lr": 5e-4,
+        "network.hidden": "[128, 128]",
+        "eval.interval": 2_500,
+        "acer.replay_ratio": 4.0,
+        "acer.entropy_coef": 0.01,
+        "acer.c": 10.0,
+        "acer.delta": 1.0,
+        "acer.alpha": 0.99,
+    },
+    # paper sec. 4: Nature CNN, k = 20, c = 10, delta = 1, alpha = 0.99, replay ratio 4, 50 000 frames per actor
+    "atari": {
+        "env.name": "ALE/Pong-v5",
+        "total_frames": 10_000_000,
+        "collector.workers": 2,
+        "collector.frames_per_batch": 80,
+        "replay.seq_len": 20,
+        "replay.batch_size": 16,
+        "replay.capacity": 100_000,  # 50 000 per actor x 2 workers
+        "replay.min_size": 10_000,
+        "replay.memmap": True,
+        "optim.lr": 1e-3,
+        "optim.max_grad_norm": 40.0,
+        "gamma": 0.99,
+        "eval.interval": 250_000,
+        "log.checkpoint_interval": 500_000,
+        "acer.replay_ratio": 4.0,
+        "acer.entropy_coef": 0.001,
+        "acer.c": 10.0,
+        "acer.delta": 1.0,
+        "acer.alpha": 0.99,
+    },
+    # paper sec. 6 / App. E: fixed sigma 0.3, 5 000-step replay per actor, updates every 50 steps,
+    # c = 5, alpha = 0.995, n = 5, off-policy only
+    "mujoco": {
+        "env.name": "HalfCheetah-v5",
+        "total_frames": 1_000_000,
+        "collector.workers": 2,
+        "collector.frames_per_batch": 50,
+        "replay.seq_len": 50,
+        "replay.batch_size": 8,
+        "replay.capacity": 10_000,  # 5 000 per actor x 2 workers
+        "replay.min_size": 1_000,
+        "optim.lr": 3e-4,
+        "eval.interval": 25_000,
+        "acer.on_policy": False,
+        "acer.replay_ratio": 4.0,
+        "acer.entropy_coef": 0.0,
+        "acer.c": 5.0,
+        "acer.delta": 1.0,
+        "acer.alpha": 0.995,
+        "acer.sdn_samples": 5,
+        "acer.init_std": 0.3,
+        "acer.learn_std": False,
+    },
+    "pendulum": {
+        "env.name": "InvertedPendulum-v5",
+        "total_frames": 50_000,
+        "collector.workers": 2,
+        "collector.frames_per_batch": 50,
+        "replay.seq_len": 25,
+        "replay.batch_size": 16,
+        "replay.capacity": 10_000,
+        "replay.min_size": 1_000,
+        "optim.lr": 1e-3,
+        "eval.interval": 2_500,
+        "acer.on_policy": False,
+        "acer.replay_ratio": 4.0,
+        "acer.entropy_coef": 0.0,
+        "acer.c": 5.0,
+        "acer.delta": 2.0,  # the top of the paper's range [0.1, 2]: delta = 1 kept ~40% of steps projected
+        "acer.alpha": 0.99,
+    },
+}
+
+ALGORITHM = Algorithm("acer", ACERConfig, build, PRESETS, default_preset="cartpole")

@@ -1,0 +1,638 @@
+"""Reactor (Gruslys et al. 2018, "The Reactor: A Sample-Efficient Actor-Critic Architecture").
+
+* Critic: Retrace(lambda) (eq. 1-2) towards targets built with a target network Q_T (eq. 7), updated every
+  ``T_update`` learner steps (sec. 3.4), L2 loss (sec. 3.5).
+* Actor: the beta-leave-one-out policy gradient (eq. 5) with ``beta = min(c, 1/mu(A))`` (sec. 2.2):
+  ``c = 1`` is LOO (eq. 4), ``c = inf`` the unbiased 1/mu-LOO (eq. 6); or TISLR (sec. 2.2) for comparison.
+  ``R(A)`` is the Retrace-corrected return. Entropy bonus scaled by 0.1 x the mean action gap (sec. 3.5).
+* Behaviour probabilities memorised (mu stored at acting time, "M" variants) or learned (a mu-hat head
+  trained by cross-entropy on replayed actions, "L" variants, sec. 3.2), used for the traces and beta.
+* Network (Table 1, sec. 3.3): a shared encoder (Atari: conv net with concatenated ReLUs; vectors: an MLP
+  with concatenated ReLUs), separate LSTMs for Q, pi and mu-hat, a dueling Q head and softmax heads mixed
+  with a uniform epsilon. Only the Q branch back-propagates into the shared encoder.
+* Purely off-policy: every learner step replays sequences (sec. 3.6); acting overlaps learning through the
+  asynchronous collector.
+
+Deviations from the paper, and why:
+
+* The LSTM state at a sequence's start is the replay's exact refresh by default (the paper resets it to
+  zero; ``replay.recurrent_state=zero`` does that). The target network starts from the same state as the
+  current network (the refresh recomputes the current network's state only).
+* Figure 2 unrolls the target network on the window shifted by one. Here both networks are unrolled once on
+  the ``T + 1`` observations ``x_0, x_1, ..., x_T`` of a ``T``-step window (``x_{t+1}`` is each step's next
+  observation, so the last real step of an episode bootstraps on its own final observation); the current
+  network learns on rows ``0..T-1`` and ``Q_T(x_{t+1}, .)``, ``pi(.|x_{t+1})`` are read on rows ``1..T``.
+  The target network thus sees ``x_0`` once more as burn-in than in Figure 2.
+* The mean action gap uses the expectation over the uniformly chosen other action,
+  ``A/(A-1) (max_a Q - mean_a Q)``, instead of one random draw (same mean, no sampling noise).
+* TISLR's correction term uses the current estimate ``Q(a)`` in place of the unknown ``Q^pi(a)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictParams, TensorDictSequential
+from tensordict.utils import NestedKey
+from torch import nn
+from torchrl.objectives import HardUpdate
+
+from acer_torchrl.agent import Agent
+from acer_torchrl.algorithms import Algorithm
+from acer_torchrl.config import Config, ConfigError
+from acer_torchrl.envs import EnvInfo
+from acer_torchrl.modules import BEHAVIOUR, Torso, acting_policy, make_torso
+from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask, trace_cut
+from acer_torchrl.objectives.functional import retrace
+
+PG_ESTIMATORS = ("beta_loo", "tislr")
+BEHAVIOUR_MODES = ("memorised", "learned")
+
+
+@dataclass
+class ReactorConfig:
+    lam: float = 1.0  # Retrace lambda in c_s = lambda min(1, pi/mu) (eq. 2); sec. 4.2 also tries 0.9
+    pg: str = "beta_loo"  # beta_loo (eq. 5) | tislr (sec. 2.2)
+    beta_c: float = 1.0  # beta = min(beta_c, 1/mu(A)): 1 -> LOO (eq. 4), inf -> 1/mu-LOO (eq. 6), 5 -> "M5/L5"
+    tislr_c: float = 10.0  # truncation c of TISLR
+    behaviour: str = "memorised"  # memorised (stored mu, "M") | learned (mu-hat head, "L")
+    epsilon: float = 0.01  # uniform mixing in the pi and mu-hat heads: x (1 - eps) + eps / #actions (Table 1)
+    target_update: int = 1000  # T_update: learner steps between target-network copies (sec. 3.4)
+    entropy_scale: float = 0.1  # entropy bonus = entropy_scale x mean action gap (sec. 3.5)
+    head_hidden: int = 32  # width of the heads' hidden linear layer before its CReLU (Table 1)
+    updates_per_batch: float = 1.0  # learner steps per collected batch (fractions drawn at random)
+
+    def validate(self, cfg: Config) -> None:
+        if self.pg not in PG_ESTIMATORS:
+            raise ConfigError(f"reactor.pg must be one of {', '.join(PG_ESTIMATORS)}, got {self.pg!r}")
+        if self.behaviour not in BEHAVIOUR_MODES:
+            raise ConfigError(
+                f"reactor.behaviour must be one of {', '.join(BEHAVIOUR_MODES)}, got {self.behaviour!r}"
+            )
+        if not 0.0 <= self.lam <= 1.0:
+            raise ConfigError(f"reactor.lam must be in [0, 1], got {self.lam}")
+        if self.beta_c < 1.0 or self.tislr_c <= 0.0:
+            raise ConfigError("reactor.beta_c must be >= 1 (inf for 1/mu) and reactor.tislr_c > 0")
+        if not 0.0 <= self.epsilon < 1.0:
+            raise ConfigError(f"reactor.epsilon must be in [0, 1), got {self.epsilon}")
+        if self.target_update < 1 or self.head_hidden < 1:
+            raise ConfigError("reactor.target_update and reactor.head_hidden must be >= 1")
+        if self.updates_per_batch < 0 or self.entropy_scale < 0:
+            raise ConfigError("reactor.updates_per_batch and reactor.entropy_scale must be >= 0")
+
+
+# ----------------------------------------------------------------------------------------------
+# Networks (Table 1)
+# ----------------------------------------------------------------------------------------------
+
+
+class CReLU(nn.Module):
+    """Concatenated ReLU ``[relu(x), relu(-x)]`` (Shang et al. 2016; Reactor sec. 3.3): doubles the width."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.relu(x), torch.relu(-x)], dim=-1)
+
+
+class CReLUChannels(nn.Module):
+    """CReLU over the channel dim of ``[N, C, H, W]`` feature maps."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.relu(x), torch.relu(-x)], dim=-3)
+
+
+class StopGradient(nn.Module):
+    """Identity whose output carries no gradient: the pi and mu-hat branches read the shared encoder's
+    features through it, so their losses never reach the encoder (sec. 3.3)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach()
+
+
+class ReactorMLP(nn.Sequential):
+    """Vector-observation encoder: ``Linear(w) -> CReLU`` per width ``w`` (output ``2 w``)."""
+
+    def __init__(self, in_dim: int, hidden: list[int]):
+        layers: list[nn.Module] = []
+        for width in hidden:
+            layers += [nn.Linear(in_dim, width), CReLU()]
+            in_dim = 2 * width
+        super().__init__(*layers)
+        self.out_dim = in_dim
+
+
+class ReactorCNN(nn.Module):
+    """Table 1's encoder for uint8 ``[C, 84, 84]`` frames: three convolutions (16, 32, 32 filters of 8/4/3
+    pixels, strides 4/2/1), each followed by a CReLU, then ``Linear(128) -> CReLU`` (256 features)."""
+
+    def __init__(self, in_channels: int, linear: int = 128):
+        super().__init__()
+        self.conv = nn.Sequential(
+            nn.Conv2d(in_channels, 16, 8, stride=4), CReLUChannels(),
+            nn.Conv2d(32, 32, 4, stride=2), CReLUChannels(),
+            nn.Conv2d(64, 32, 3, stride=1), CReLUChannels(),
+            nn.Flatten(),
+        )
+        self.fc = nn.Sequential(nn.Linear(64 * 7 * 7, linear), CReLU())
+        self.out_dim = 2 * linear
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        batch = frames.shape[:-3]
+        x = frames.reshape(-1, *frames.shape[-3:]).float().div_(255.0)
+        return self.fc(self.conv(x)).reshape(*batch, self.out_dim)
+
+
+def _crelu_mlp(in_dim: int, hidden: int, out_dim: int) -> nn.Sequential:
+    """``Linear(hidden) -> CReLU -> Linear(out)`` (the head blocks of Table 1)."""
+    return nn.Sequential(nn.Linear(in_dim, hidden), CReLU(), nn.Linear(2 * hidden, out_dim))
+
+
+class MixedSoftmaxHead(nn.Module):
+    """Policy head returning ``log((1 - eps) softmax(z) + eps / A)``: the softmax mixed with a fixed uniform
+    distribution, hard-coded into the network (Table 1). Used for pi and for mu-hat; the acting policy
+    samples from this very mixture, so the stored behaviour probabilities are the mixed ones."""
+
+    def __init__(self, in_dim: int, hidden: int, num_actions: int, epsilon: float):
+        super().__init__()
+        self.net = _crelu_mlp(in_dim, hidden, num_actions)
+        self.log_keep = math.log1p(-epsilon)
+        self.log_uniform = math.log(epsilon / num_actions) if epsilon > 0 else -math.inf
+
+    def forward(self, core: torch.Tensor) -> torch.Tensor:
+        log_softmax = torch.log_softmax(self.net(core), dim=-1)
+        if self.log_uniform == -math.inf:
+            return log_softmax
+        return torch.logaddexp(log_softmax + self.log_keep, torch.full_like(log_softmax, self.log_uniform))
+
+
+class DuelingHead(nn.Module):
+    """``Q(x, a) = V(x) + A(x, a) - mean_b A(x, b)`` (Wang et al. 2015) with Table 1's value and advantage
+    heads (``Linear(32) -> CReLU -> Linear``)."""
+
+    def __init__(self, in_dim: int, hidden: int, num_actions: int):
+        super().__init__()
+        self.value = _crelu_mlp(in_dim, hidden, 1)
+        self.advantage = _crelu_mlp(in_dim, hidden, num_actions)
+
+    def forward(self, core: torch.Tensor) -> torch.Tensor:
+        advantage = self.advantage(core)
+        return self.value(core) + advantage - advantage.mean(dim=-1, keepdim=True)
+
+
+def make_encoder(info: EnvInfo, hidden: list[int]) -> nn.Module:
+    if len(info.obs_shape) == 3:
+        return ReactorCNN(info.obs_shape[0])
+    if len(info.obs_shape) != 1:
+        raise ConfigError(f"reactor: unsupported observation shape {tuple(info.obs_shape)}")
+    return ReactorMLP(info.obs_shape[0], hidden)
+
+
+@dataclass
+class ReactorNetworks:
+    """The modules of one Reactor agent (all sharing one encoder).
+
+    ``network`` (learning) maps the observation sequence to ``"action_value"`` [.., A], ``"logits"``
+    (log pi, mixed) and, when learned, ``"mu_logits"`` (log mu-hat); ``q_network`` is its Q branch alone
+    (encoder, Q LSTM, dueling head), run with the target parameters for Q_T. ``torsos`` are the Q, pi
+    (and mu-hat) torsos whose recurrent states ride in collected steps; ``policy_head`` maps the pi torso's
+    ``"core"`` to log pi.
+    """
+
+    network: TensorDictSequential
+    q_network: TensorDictSequential
+    torsos: list[Torso]
+    policy_head: nn.Module
+
+
+def make_networks(
+    info: EnvInfo,
+    hidden: list[int],
+    lstm_hidden: int | None,
+    head_hidden: int,
+    epsilon: float,
+    learned_behaviour: bool,
+) -> ReactorNetworks:
+    """Table 1: shared encoder, separate LSTMs (when ``lstm_hidden``) for Q, pi and mu-hat, dueling Q head,
+    uniform-mixed softmax heads; pi and mu-hat read the encoder through :class:`StopGradient`."""
+    encoder = make_encoder(info, hidden)
+    n = info.num_actions
+    q_torso = make_torso(info, hidden, "relu", lstm_hidden, prefix="q_", encoder=encoder)
+    q_head = TensorDictModule(DuelingHead(q_torso.out_dim, head_hidden, n), ["q_core"], ["action_value"])
+    q_network = TensorDictSequential(*q_torso.module, q_head)
+    shared = "q_embed" if lstm_hidden else "q_core"  # the encoder's output in the Q torso
+
+    def branch(prefix: str, out_key: str) -> tuple[Torso, nn.Module, list[TensorDictModule]]:
+        torso = make_torso(info, hidden, "relu", lstm_hidden, prefix=prefix, encoder=encoder)
+        head = MixedSoftmaxHead(torso.out_dim, head_hidden, n, epsilon)
+        stop = TensorDictModule(StopGradient(), [shared], [f"{prefix}embed" if lstm_hidden else f"{prefix}core"])
+        modules = [stop, *([torso.lstm] if lstm_hidden else []), TensorDictModule(head, [f"{prefix}core"], [out_key])]
+        return torso, head, modules
+
+    pi_torso, pi_head, pi_modules = branch("", "logits")
+    torsos, modules = [q_torso, pi_torso], [*q_network, *pi_modules]
+    if learned_behaviour:
+        mu_torso, _, mu_modules = branch("mu_", "mu_logits")
+        torsos.append(mu_torso)
+        modules += mu_modules
+    return ReactorNetworks(TensorDictSequential(*modules), q_network, torsos, pi_head)
+
+
+# ----------------------------------------------------------------------------------------------
+# Policy-gradient surrogates (sec. 2.2)
+# ----------------------------------------------------------------------------------------------
+
+
+def beta_loo_surrogate(
+    pi: torch.Tensor, q: torch.Tensor, ret: torch.Tensor, action: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
+    """Surrogate whose gradient is the beta-LOO estimate (eq. 5):
+
+    ``grad = beta (R(A) - Q(A)) grad pi(A) + sum_a Q(a) grad pi(a)``.
+
+    Args:
+        pi: policy probabilities ``[*, A]`` (carrying the gradient).
+        q: Q estimates ``[*, A]``; ret: ``R(A)`` ``[*, 1]``; beta: ``[*, 1]``; action: int64 ``[*, 1]``
+        (all treated as constants).
+
+    Returns:
+        ``[*, 1]`` per-step surrogate (to be maximised).
+    """
+    q, ret, beta = q.detach(), ret.detach(), beta.detach()
+    q_taken = q.gather(-1, action)
+    return beta * (ret - q_taken) * pi.gather(-1, action) + (q * pi).sum(-1, keepdim=True)
+
+
+def tislr_surrogate(
+    log_pi: torch.Tensor,
+    q: torch.Tensor,
+    ret: torch.Tensor,
+    action: torch.Tensor,
+    log_mu: torch.Tensor,
+    c: float,
+) -> torch.Tensor:
+    """Surrogate whose gradient is the truncated-ISLR estimate (sec. 2.2, ACER's truncation with bias
+    correction), with ``V = sum_a pi(a) Q(a)`` and the estimate ``Q`` in place of ``Q^pi``:
+
+    ``grad = min(c, rho(A)) (R(A) - V) grad log pi(A)
+             + sum_a (rho(a) - c)_+ mu(a) (Q(a) - V) grad log pi(a)``,  ``rho = pi / mu``.
+
+    Args:
+        log_pi: ``[*, A]`` (carrying the gradient); q, log_mu: ``[*, A]``; ret: ``[*, 1]``; action ``[*, 1]``.
+    """
+    q, ret, log_mu = q.detach(), ret.detach(), log_mu.detach()
+    pi = log_pi.detach().exp()
+    v = (pi * q).sum(-1, keepdim=True)
+    rho = (log_pi.detach() - log_mu).exp()
+    truncated = rho.gather(-1, action).clamp_max(c) * (ret - v) * log_pi.gather(-1, action)
+    correction = ((rho - c).clamp_min(0.0) * log_mu.exp() * (q - v) * log_pi).sum(-1, keepdim=True)
+    return truncated + correction
+
+
+def mean_action_gap(q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over real steps of ``max_a Q(a) - Q(a')`` with ``a'`` uniform among the other actions (sec. 3.5),
+    in expectation over ``a'``: ``A/(A-1) (max_a Q(a) - mean_a Q(a))``."""
+    n = q.shape[-1]
+    gap = (q.max(-1, keepdim=True).values - q.mean(-1, keepdim=True)) * (n / max(n - 1, 1))
+    return masked_mean(gap, mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# The loss
+# ----------------------------------------------------------------------------------------------
+
+
+class ReactorLoss(ReplayLoss):
+    """Reactor's summed losses on replayed ``[B, T]`` sequences (Gruslys et al. 2018, sec. 3.5).
+
+    Args:
+        network: the learning network (see :class:`ReactorNetworks`), writing ``action_value``, ``logits``
+            (log pi) and, when ``learned_behaviour``, ``mu_logits`` (log mu-hat).
+        q_network: the Q branch of ``network`` (same modules); it is run with the target parameters
+            ``target_network_params`` (updated by :class:`~torchrl.objectives.HardUpdate`) to give Q_T.
+
+    Keyword Args:
+        gamma: discount. lam: Retrace lambda (eq. 2).
+        pg: ``"beta_loo"`` (eq. 5) or ``"tislr"``. beta_c: ``beta = min(beta_c, 1/mu(A))``.
+        tislr_c: TISLR's truncation. entropy_scale: entropy bonus per unit of mean action gap.
+        learned_behaviour: use mu-hat (trained by cross-entropy) instead of the stored mu.
+        seq_len: steps per replayed sequence. hidden_keys: recurrent state keys of the network's LSTMs.
+
+    Returns (forward): ``loss_critic`` (eq. 7 regression), ``loss_actor`` (eq. 5 / TISLR), ``loss_entropy``,
+    ``loss_behaviour`` (learned only) and diagnostics.
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        """Tensordict keys read by the loss (``set_keys`` to rename).
+
+        Attributes:
+            observation, action: the step's observation and int64 action index.
+            reward, done, terminated: read under ``"next"``.
+            is_init: episode-start flag (resets the LSTMs).
+            behaviour_log_prob, behaviour_logits: mu written at acting time (never recomputed).
+            action_value, logits, mu_logits: the network's outputs (Q, log pi, log mu-hat).
+        """
+
+        observation: NestedKey = "observation"
+        action: NestedKey = "action"
+        reward: NestedKey = "reward"
+        done: NestedKey = "done"
+        terminated: NestedKey = "terminated"
+        is_init: NestedKey = "is_init"
+        behaviour_log_prob: NestedKey = (BEHAVIOUR, "log_prob")
+        behaviour_logits: NestedKey = (BEHAVIOUR, "logits")
+        action_value: NestedKey = "action_value"
+        logits: NestedKey = "logits"
+        mu_logits: NestedKey = "mu_logits"
+
+    default_keys = _AcceptedKeys
+    tensor_keys: _AcceptedKeys
+
+    network: TensorDictSequential
+    network_params: TensorDictParams
+    target_network_params: TensorDictParams
+
+    def __init__(
+        self,
+        network: TensorDictSequential,
+        q_network: TensorDictSequential,
+        *,
+        gamma: float = 0.99,
+        lam: float = 1.0,
+        pg: str = "beta_loo",
+        beta_c: float = 1.0,
+        tislr_c: float = 10.0,
+        entropy_scale: float = 0.1,
+        learned_behaviour: bool = False,
+        seq_len: int = 33,
+        hidden_keys: list[str] | tuple[str, ...] = (),
+        updates_per_batch: float = 1.0,
+    ):
+        super().__init__()
+        if pg not in PG_ESTIMATORS:
+            raise ValueError(f"pg must be one of {PG_ESTIMATORS}, got {pg!r}")
+        own = {id(p) for p in network.parameters()}
+        if any(id(p) not in own for p in q_network.parameters()):
+            raise ValueError("q_network must be made of network's own modules (its Q branch)")
+        self.convert_to_functional(network, "network", create_target_params=True)
+        self.__dict__["q_network"] = q_network  # Q branch of `network`; its parameters live in network_params
+        self.gamma, self.lam, self.pg = gamma, lam, pg
+        self.beta_c, self.tislr_c, self.entropy_scale = beta_c, tislr_c, entropy_scale
+        self.learned_behaviour = learned_behaviour
+        self.seq_len = seq_len
+        self.hidden_keys = list(hidden_keys)
+        self.updates_per_batch = updates_per_batch
+        self._in_keys = None
+
+    # ------------------------------------------------------------------ TorchRL plumbing
+    def _set_in_keys(self):
+        k = self.tensor_keys
+        keys = [k.observation, ("next", k.observation), k.action, ("next", k.reward), ("next", k.done),
+                ("next", k.terminated), k.behaviour_log_prob, *self.hidden_keys]
+        if self.hidden_keys:
+            keys.append(k.is_init)
+        if self.pg == "tislr" and not self.learned_behaviour:
+            keys.append(k.behaviour_logits)
+        self._in_keys = keys
+
+    @property
+    def in_keys(self):
+        if self._in_keys is None:
+            self._set_in_keys()
+        return self._in_keys
+
+    @property
+    def out_keys(self):
+        keys = ["loss_critic", "loss_actor", "loss_entropy"]
+        return keys + (["loss_behaviour"] if self.learned_behaviour else [])
+
+    def update_plan(self, rng: np.random.Generator) -> list[float]:
+        """Replay-only learner steps (sec. 3.6): ``updates_per_batch`` per collected batch (the fraction
+        drawn at random)."""
+        whole = int(self.updates_per_batch)
+        extra = int(rng.random() < self.updates_per_batch - whole)
+        return [0.0] * (whole + extra)
+
+    # ------------------------------------------------------------------ forward
+    def _shifted_window(self, td: TensorDictBase) -> TensorDictBase:
+        """The ``[B, T+1]`` observation sequence ``x_0, x_1, ..., x_T`` of a ``[B, T]`` window (``x_{t+1}``
+        = step t's next observation), starting from the window's recurrent state (Figure 2)."""
+        k = self.tensor_keys
+        B, T = td.shape
+        obs = td.get(k.observation)
+        ext = TensorDict(
+            {k.observation: torch.cat([obs[:, :1], td.get(("next", k.observation))], dim=1)},
+            batch_size=[B, T + 1],
+            device=td.device,
+        )
+        if self.hidden_keys:
+            is_init = td.get(k.is_init).reshape(B, T, 1)
+            ext.set(k.is_init, torch.cat([is_init[:, :1], torch.zeros_like(is_init)], dim=1))
+            for key in self.hidden_keys:
+                state = td.get(key)[:, :1]  # the LSTMs read the state of the first step only
+                ext.set(key, state.expand(B, T + 1, *state.shape[2:]))
+        return ext
+
+    @staticmethod
+    def _check_episode_aligned(done: torch.Tensor, mask: torch.Tensor) -> None:
+        """Replayed sequences never cross an episode boundary: a done step is the last real one."""
+        if bool((done[:, :-1] & mask[:, 1:]).any()):
+            raise ValueError(
+                "ReactorLoss expects replayed sequences that never cross an episode boundary "
+                "(EpisodeReplay.sample_sequences); got a done step followed by a real step"
+            )
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        k = self.tensor_keys
+        td = tensordict
+        B, T = td.shape
+        mask = sequence_mask(td)
+        reward = td.get(("next", k.reward)).reshape(B, T, 1)
+        terminated = td.get(("next", k.terminated)).reshape(B, T, 1)
+        done = td.get(("next", k.done)).reshape(B, T, 1) | terminated
+        self._check_episode_aligned(done, mask)
+        action = td.get(k.action).reshape(B, T, 1)
+
+        ext = self._shifted_window(td)
+        with self.network_params.to_module(self.network):
+            out = self.network(ext.copy())
+        with torch.no_grad(), self.target_network_params.to_module(self.network):
+            q_target = self.q_network(ext.copy()).get(k.action_value)  # Q_T(x_t, .), t = 0..T
+
+        q = out.get(k.action_value)[:, :T]
+        log_pi_ext = out.get(k.logits)
+        log_pi, log_pi_next = log_pi_ext[:, :T], log_pi_ext[:, 1:].detach()
+        log_pi_taken = log_pi.detach().gather(-1, action)
+        if self.learned_behaviour:
+            log_mu_hat = out.get(k.mu_logits)[:, :T]
+            log_mu_all = log_mu_hat.detach()
+            log_mu = log_mu_all.gather(-1, action)
+        else:
+            log_mu = td.get(k.behaviour_log_prob).reshape(B, T, 1)
+            log_mu_all = (
+                torch.log_softmax(td.get(k.behaviour_logits), dim=-1) if self.pg == "tislr" else None
+            )
+
+        # Critic: Retrace target with Q_T (eq. 7), traces c_t = lambda min(1, pi/mu) (eq. 2)
+        with torch.no_grad():
+            rho = (log_pi_taken - log_mu).exp()
+            trace = self.lam * rho.clamp_max(1.0)
+            next_value = (log_pi_next.exp() * q_target[:, 1:]).sum(-1, keepdim=True)  # E_pi Q_T(x_{t+1}, .)
+            q_ret = retrace(
+                self.gamma, reward, q_target[:, :T].gather(-1, action), next_value, trace, terminated,
+                trace_cut(done, mask),
+            )
+        q_taken = q.gather(-1, action)
+        loss_critic = 0.5 * masked_mean((q_ret - q_taken).pow(2), mask)
+
+        # Actor: beta-LOO (eq. 5) with R(A) = Q^ret, or TISLR; Q is the current estimate
+        q_now = q.detach()
+        if self.pg == "beta_loo":
+            beta = (-log_mu).exp().clamp_max(self.beta_c)
+            surrogate = beta_loo_surrogate(log_pi.exp(), q_now, q_ret, action, beta)
+        else:
+            beta = rho.clamp_max(self.tislr_c)
+            surrogate = tislr_surrogate(log_pi, q_now, q_ret, action, log_mu_all, self.tislr_c)
+        loss_actor = -masked_mean(surrogate, mask)
+
+        # Entropy bonus scaled by the mean action gap (sec. 3.5)
+        entropy = -(log_pi.exp() * log_pi).sum(-1, keepdim=True)
+        gap = mean_action_gap(q_now, mask)
+        loss_entropy = -self.entropy_scale * gap * masked_mean(entropy, mask)
+
+        result = TensorDict(
+            {
+                "loss_critic": loss_critic,
+                "loss_actor": loss_actor,
+                "loss_entropy": loss_entropy,
+                "entropy": masked_mean(entropy.detach(), mask),
+                "action_gap": gap,
+                "rho": masked_mean(rho, mask),
+                "trace": masked_mean(trace, mask),
+                "beta": masked_mean(beta, mask),
+                "q_ret": masked_mean(q_ret, mask),
+                "q_taken": masked_mean(q_taken.detach(), mask),
+            },
+            batch_size=[],
+        )
+        if self.learned_behaviour:
+            # mu-hat: cross-entropy on the replayed actions (sec. 3.5)
+            result.set("loss_behaviour", -masked_mean(log_mu_hat.gather(-1, action), mask))
+            stored = td.get(k.behaviour_log_prob, None)
+            if stored is not None:
+                gap_mu = (log_mu - stored.reshape(B, T, 1)).abs()
+                result.set("mu_hat_log_error", masked_mean(gap_mu, mask))
+        return result
+
+
+# ----------------------------------------------------------------------------------------------
+# Pipeline contract
+# ----------------------------------------------------------------------------------------------
+
+
+def target_updater(loss: ReactorLoss, period: int) -> HardUpdate:
+    """Copies the current parameters into the target ones every ``period`` learner steps (sec. 3.4).
+
+    TorchRL's ``HardUpdate`` copies on the ``(interval + 1)``-th call of ``step()``, hence ``period - 1``.
+    """
+    return HardUpdate(loss, value_network_update_interval=period - 1)
+
+
+def build(cfg: Config, info: EnvInfo) -> Agent:
+    rc: ReactorConfig = cfg.algo
+    if not info.discrete:
+        raise ConfigError(
+            f"reactor needs a discrete action space and env.name={cfg.env.name} is continuous; "
+            "use loss=acer, loss=vracer or loss=laser for continuous control"
+        )
+    nets = make_networks(
+        info,
+        cfg.network.hidden,
+        cfg.network.lstm_hidden if cfg.network.lstm else None,
+        rc.head_hidden,
+        rc.epsilon,
+        rc.behaviour == "learned",
+    )
+    hidden_keys = [key for t in nets.torsos for key in t.hidden_keys]
+    loss = ReactorLoss(
+        nets.network,
+        nets.q_network,
+        gamma=cfg.gamma,
+        lam=rc.lam,
+        pg=rc.pg,
+        beta_c=rc.beta_c,
+        tislr_c=rc.tislr_c,
+        entropy_scale=rc.entropy_scale,
+        learned_behaviour=rc.behaviour == "learned",
+        seq_len=cfg.replay.seq_len,
+        hidden_keys=hidden_keys,
+        updates_per_batch=rc.updates_per_batch,
+    )
+    pi_torso = nets.torsos[1]
+    policy = acting_policy(pi_torso, nets.policy_head, info)
+    torsos = nets.torsos if cfg.network.lstm else []
+    return Agent(loss=loss, policy=policy, torsos=torsos, updaters=[target_updater(loss, rc.target_update)])
+
+
+PRESETS = {
+    # greedy 500 after 20k-25k env steps (2 seeds); lambda = 0.9 (sec. 4.2) held it better afterwards than 1.0
+    "cartpole": {
+        "env.name": "CartPole-v1",
+        "total_frames": 50_000,
+        "network.hidden": [64],
+        "network.lstm": False,
+        "replay.seq_len": 33,  # tau (sec. 3.4)
+        "replay.batch_size": 16,
+        "replay.min_size": 1_000,
+        "replay.capacity": 100_000,
+        "reactor.target_update": 200,
+        "reactor.updates_per_batch": 4.0,
+        "reactor.epsilon": 0.05,
+        "reactor.lam": 0.9,
+        "optim.lr": 5e-4,
+        "eval.interval": 5_000,
+    },
+    # CartPole without velocities: the Q, pi and mu-hat LSTMs must integrate positions over time
+    "cartpole_pomdp": {
+        "env.name": "CartPole-v1",
+        "env.pomdp": True,
+        "total_frames": 200_000,
+        "network.hidden": [64],
+        "network.lstm": True,
+        "network.lstm_hidden": 64,
+        "replay.seq_len": 33,
+        "replay.batch_size": 16,
+        "replay.min_size": 1_000,
+        "replay.capacity": 100_000,
+        "reactor.target_update": 200,
+        "reactor.updates_per_batch": 2.0,
+        "reactor.epsilon": 0.05,
+        "reactor.lam": 0.9,
+        "optim.lr": 5e-4,
+        "eval.interval": 10_000,
+    },
+    # Table 1 network on single 84x84 frames (the LSTMs carry the history); needs a GPU to learn at speed
+    "atari": {
+        "env.name": "ALE/Pong-v5",
+        "env.frame_stack": 1,
+        "total_frames": 10_000_000,
+        "network.lstm": True,
+        "network.lstm_hidden": 128,
+        "replay.seq_len": 33,
+        "replay.batch_size": 32,
+        "replay.min_size": 10_000,
+        "replay.capacity": 500_000,  # ~10 GB memmap: both observations and the acting outputs are stored
+        "replay.memmap": True,
+        "reactor.target_update": 1000,
+        "reactor.updates_per_batch": 1.0,
+        "collector.frames_per_batch": 128,
+        "optim.lr": 5e-5,
+        "eval.interval": 250_000,
+        "eval.episodes": 3,
+    },
+}
+
+ALGORITHM = Algorithm("reactor", ReactorConfig, build, PRESETS, default_preset="cartpole")

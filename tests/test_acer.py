@@ -1,0 +1,537 @@
+"""ACER loss (Wang et al. 2017) against plain loops written from the paper's equations.
+
+The test networks read the policy statistics phi (and Q, V) straight from the observation, so the gradient
+of the loss w.r.t. the observation *is* its gradient w.r.t. phi: it must equal ``-z*_t / N`` with ``z*``
+built by hand from eq. 9 (discrete, exact sums over actions) or eq. 16 (continuous, same samples through a
+fixed seed) and eq. 12. Every window holds terminated and truncated steps, mid-window and before padding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.objectives import SoftUpdate
+
+from acer_torchrl.config import ConfigError, load_config
+from acer_torchrl.objectives.acer import ACERLoss, SDNAdvantage
+
+GAMMA = 0.9
+B, T = 4, 6
+
+
+# ---------------------------------------------------------------------------------------------- data
+def layout():
+    """Episode flags of a [B, T] batch: row 0 terminates mid-window (a new episode follows), row 1 is
+    truncated mid-window, row 2 ends (not done) before padding, row 3 is truncated right before padding."""
+    terminated = torch.zeros(B, T, 1, dtype=torch.bool)
+    truncated = torch.zeros(B, T, 1, dtype=torch.bool)
+    mask = torch.ones(B, T, 1, dtype=torch.bool)
+    terminated[0, 2] = True
+    truncated[1, 3] = True
+    mask[2, 4:] = False
+    truncated[3, 2] = True
+    mask[3, 3:] = False
+    return terminated, truncated, mask
+
+
+def make_batch(obs_dim: int, action, behaviour: dict, seed: int = 0) -> TensorDict:
+    """A batch whose ("next", "observation") equals the next row's observation inside an episode and
+    whose padding rows repeat the last real step, as the replay writes them."""
+    g = torch.Generator().manual_seed(seed)
+    terminated, truncated, mask = layout()
+    done = terminated | truncated
+    obs = torch.randn(B, T, obs_dim, generator=g, dtype=torch.float64)
+    next_obs = torch.randn(B, T, obs_dim, generator=g, dtype=torch.float64)
+    continues = (~done[:, :-1]) & mask[:, 1:]
+    next_obs[:, :-1] = torch.where(continues, obs[:, 1:], next_obs[:, :-1])
+    td = TensorDict(
+        {
+            "observation": obs,
+            "action": action,
+            **behaviour,
+            "mask": mask.squeeze(-1),
+            "next": {
+                "observation": next_obs,
+                "reward": torch.randn(B, T, 1, generator=g, dtype=torch.float64),
+                "terminated": terminated,
+                "truncated": truncated,
+                "done": done,
+            },
+        },
+        batch_size=[B, T],
+    )
+    for b in range(B):  # padding repeats the episode's last stored step
+        real = int(mask[b].sum())
+        if real < T:
+            td[b, real:] = td[b, real - 1 : real].expand(T - real).clone()
+            td["mask"][b, real:] = False
+    td["observation"].requires_grad_()  # the test networks read phi (and Q, V) from it
+    return td
+
+
+def bootstrap_flags(td, b, t):
+    """(bootstraps on V(next obs) at row t, is terminal at row t) of the paper's backward recursion."""
+    mask, done = td["mask"][b], td["next", "done"][b, :, 0]
+    last_real = t == T - 1 or not bool(mask[t + 1])
+    return bool(done[t]) or last_real, bool(td["next", "terminated"][b, t, 0])
+
+
+# ---------------------------------------------------------------------------------------------- discrete
+A = 3
+
+
+class LogitsFromObs(nn.Module):
+    """phi = logits = obs[:A] + bias (the bias is the parameter the average network copies)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(A, dtype=torch.float64))
+
+    def forward(self, obs):
+        return obs[..., :A] + self.bias
+
+
+class QFromObs(nn.Module):
+    def forward(self, obs):
+        return obs[..., A:]
+
+
+def discrete_loss(**kwargs) -> ACERLoss:
+    actor = TensorDictModule(LogitsFromObs(), ["observation"], ["logits"])
+    critic = TensorDictModule(QFromObs(), ["observation"], ["action_value"])
+    return ACERLoss(actor, critic, discrete=True, gamma=GAMMA, entropy_coef=0.0, **kwargs)
+
+
+def discrete_batch(seed=0, behaviour_noise=None) -> TensorDict:
+    g = torch.Generator().manual_seed(seed + 100)
+    action = torch.randint(A, (B, T), generator=g)
+    behaviour = torch.randn(B, T, A, generator=g, dtype=torch.float64) * 1.5
+    td = make_batch(2 * A, action, {("behaviour", "logits"): behaviour}, seed)
+    if behaviour_noise is not None:  # mu close to pi: every rho(a) stays small
+        with torch.no_grad():
+            noise = behaviour_noise * torch.randn(B, T, A, generator=g, dtype=torch.float64)
+            td["behaviour", "logits"] = td["observation"][..., :A].detach() + noise
+    return td
+
+
+def discrete_reference(td, c, average_bias=None, delta=None):
+    """Plain loop over ACER Alg. 2 / eq. 5, 9, 12: Q^ret [B, T] and the projected z* [B, T, A]."""
+    obs, next_obs = td["observation"].detach(), td["next", "observation"].detach()
+    mask = td["mask"]
+    q_ret = torch.zeros(B, T, dtype=torch.float64)
+    g = torch.zeros(B, T, A, dtype=torch.float64)
+    k = torch.zeros(B, T, A, dtype=torch.float64)
+
+    def pi_q(x):
+        return torch.softmax(x[:A], -1), x[A:]
+
+    for b in range(B):
+        for t in reversed(range(T)):
+            if not mask[b, t]:
+                continue
+            r = float(td["next", "reward"][b, t])
+            bootstrap, terminal = bootstrap_flags(td, b, t)
+            if terminal:
+                q_ret[b, t] = r
+            elif bootstrap:
+                pi_n, q_n = pi_q(next_obs[b, t])
+                q_ret[b, t] = r + GAMMA * (pi_n * q_n).sum()
+            else:  # eq. 5 with rho-bar_{t+1} = min(1, rho_{t+1}) (Alg. 2)
+                pi_n, q_n = pi_q(obs[b, t + 1])
+                mu_n = torch.softmax(td["behaviour", "logits"][b, t + 1], -1)
+                a_n = int(td["action"][b, t + 1])
+                c_n = min(1.0, float(pi_n[a_n] / mu_n[a_n]))
+                q_ret[b, t] = r + GAMMA * c_n * (q_ret[b, t + 1] - q_n[a_n]) + GAMMA * (pi_n * q_n).sum()
+            pi, q = pi_q(obs[b, t])
+            mu = torch.softmax(td["behaviour", "logits"][b, t], -1)
+            rho = pi / mu
+            v = (pi * q).sum()
+            a = int(td["action"][b, t])
+            grad_log = torch.eye(A, dtype=torch.float64) - pi  # row a': d log softmax(phi)[a'] / d phi
+            g[b, t] = min(c, float(rho[a])) * grad_log[a] * (q_ret[b, t] - v)  # eq. 9, first term
+            for a2 in range(A):  # eq. 9, bias correction: exact sum over actions
+                weight = max(0.0, 1.0 - c / float(rho[a2]))
+                g[b, t] += weight * pi[a2] * grad_log[a2] * (q[a2] - v)
+            if average_bias is not None:
+                pi_avg = torch.softmax(obs[b, t, :A] + average_bias, -1)
+                k[b, t] = pi - pi_avg  # d/d logits of KL(pi_avg || softmax(logits))
+    if delta is None:
+        return q_ret, g, k, g.clone()
+    z = g.clone()
+    for b in range(B):
+        for t in range(T):
+            if not mask[b, t]:
+                continue
+            kg, kk = float(k[b, t] @ g[b, t]), float(k[b, t] @ k[b, t])
+            z[b, t] = g[b, t] - max(0.0, (kg - delta) / kk) * k[b, t]  # eq. 12
+    return q_ret, g, k, z
+
+
+def half_active_delta(k, g, mask):
+    """A delta half-way between the two middle values of k.g: half the steps violate the linearised
+    constraint (eq. 11), and no step sits on its boundary (where rounding would decide)."""
+    kg = (k * g).sum(-1)[mask].sort().values
+    middle = kg.numel() // 2
+    return float(kg[middle - 1] + kg[middle]) / 2
+
+
+def grads(loss_module, td):
+    """d loss_policy / d phi and d loss_critic / d obs, and the output."""
+    out = loss_module(td)
+    (g_policy,) = torch.autograd.grad(out["loss_policy"], td["observation"], retain_graph=True)
+    (g_critic,) = torch.autograd.grad(out["loss_critic"], td["observation"])
+    return g_policy, g_critic, out
+
+
+def q_ret_from_critic_grad(td, g_critic):
+    """Critic loss 1/2 (Q^ret - Q)^2 averaged over N real steps: Q^ret = Q - N dL/dQ(x_t, a_t)."""
+    n = td["mask"].sum()
+    idx = td["action"].unsqueeze(-1)
+    q = td["observation"].detach()[..., A:].gather(-1, idx)
+    return (q - n * g_critic[..., A:].gather(-1, idx)).squeeze(-1)
+
+
+@pytest.mark.parametrize("c", [1.2, 10.0])
+def test_discrete_gradient_wrt_phi_is_eq9(c):
+    td = discrete_batch()
+    loss = discrete_loss(c=c, trust_region=False)
+    g_policy, g_critic, out = grads(loss, td)
+    q_ret, g, _, _ = discrete_reference(td, c)
+    mask = td["mask"]
+    n = mask.sum()
+    torch.testing.assert_close(g_policy[..., :A], -g / n * mask.unsqueeze(-1))
+    torch.testing.assert_close(q_ret_from_critic_grad(td, g_critic)[mask], q_ret[mask])
+    assert torch.all(g_policy[..., A:] == 0)  # the policy term does not touch Q
+    assert torch.all(g_critic[..., :A] == 0)  # the critic term does not touch phi (V is a target)
+    if c < 2:  # the batch exercises the truncation
+        assert 0 < float(out["truncated_share"]) < 1
+
+
+def test_discrete_trust_region_projection_is_eq12():
+    td = discrete_batch(seed=1)
+    average_bias = torch.tensor([0.8, -0.5, 0.1], dtype=torch.float64)
+    c = 3.0
+    _, g, k, _ = discrete_reference(td, c, average_bias)
+    mask = td["mask"]
+    delta = half_active_delta(k, g, mask)
+    q_ret, g, k, z = discrete_reference(td, c, average_bias, delta)
+    loss = discrete_loss(c=c, trust_region=True, delta=delta)
+    SoftUpdate(loss, eps=0.99)
+    with torch.no_grad():
+        loss.target_actor_network_params["module", "bias"].copy_(average_bias)
+    g_policy, _, out = grads(loss, td)
+    torch.testing.assert_close(g_policy[..., :A], -z / mask.sum() * mask.unsqueeze(-1))
+    active = ((k * g).sum(-1) > delta) & mask
+    inactive = ~active & mask
+    assert active.any() and inactive.any()
+    torch.testing.assert_close(z[inactive], g[inactive])  # feasible gradients are left untouched
+    on_boundary = (k * z).sum(-1)[active]
+    torch.testing.assert_close(on_boundary, torch.full_like(on_boundary, delta))  # projected onto k.z = delta
+    assert float(out["trust_region_active"]) == pytest.approx(float(active.sum() / mask.sum()))
+    logits = td["observation"].detach()[..., :A]
+    log_avg = torch.log_softmax(logits + average_bias, -1)
+    kl = (log_avg.exp() * (log_avg - torch.log_softmax(logits, -1))).sum(-1)  # KL(pi_avg || pi)
+    assert float(out["kl_average"]) == pytest.approx(float(kl[mask].mean()))
+
+
+def test_bias_correction_vanishes_when_every_rho_is_below_c():
+    td = discrete_batch(seed=2, behaviour_noise=0.3)
+    pi = torch.softmax(td["observation"][..., :A].detach(), -1)
+    rho = pi / torch.softmax(td["behaviour", "logits"], -1)
+    assert rho.max() < 4.0
+    g_c, _, out = grads(discrete_loss(c=4.0, trust_region=False), td)
+    g_inf, _, _ = grads(discrete_loss(c=1e9, trust_region=False), td)  # no truncation, no correction
+    torch.testing.assert_close(g_c, g_inf)
+    assert float(out["truncated_share"]) == 0.0
+    g_low, _, _ = grads(discrete_loss(c=1.05, trust_region=False), td)  # some rho > c: the terms differ
+    assert not torch.allclose(g_low, g_inf)
+
+
+def test_terminated_and_truncated_windows_give_different_targets():
+    td = discrete_batch(seed=3)
+    truncated = td.clone()
+    truncated["next", "terminated"][0, 2] = False
+    truncated["next", "truncated"][0, 2] = True
+    truncated["observation"] = td["observation"].detach().clone().requires_grad_()
+    loss = discrete_loss(trust_region=False)
+    q_term = q_ret_from_critic_grad(td, grads(loss, td)[1])
+    q_trunc = q_ret_from_critic_grad(truncated, grads(loss, truncated)[1])
+    torch.testing.assert_close(q_term[td["mask"]], discrete_reference(td, 10.0)[0][td["mask"]])
+    torch.testing.assert_close(q_trunc[td["mask"]], discrete_reference(truncated, 10.0)[0][td["mask"]])
+    nxt = td["next", "observation"][0, 2].detach()
+    v_next = float((torch.softmax(nxt[:A], -1) * nxt[A:]).sum())
+    assert float(q_trunc[0, 2] - q_term[0, 2]) == pytest.approx(GAMMA * v_next)  # truncation bootstraps
+    torch.testing.assert_close(q_term[1:], q_trunc[1:])  # other rows unaffected
+    assert float(td["next", "reward"][0, 2]) == pytest.approx(float(q_term[0, 2]))  # terminal: Q^ret = r
+
+
+# ---------------------------------------------------------------------------------------------- continuous
+D = 2  # action dims; obs = [loc (D), scale (D), V (1), features (2)]
+OBS = 2 * D + 3
+N_SDN = 3
+
+
+class GaussianFromObs(nn.Module):
+    def __init__(self, learned_scale: bool):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(D, dtype=torch.float64))
+        self.learned_scale = learned_scale
+        self.register_buffer("fixed", torch.full((D,), 0.7, dtype=torch.float64))
+
+    def forward(self, obs):
+        loc = obs[..., :D] + self.bias
+        scale = obs[..., D : 2 * D] if self.learned_scale else self.fixed.expand_as(loc)
+        return loc, scale
+
+
+class VFromObs(nn.Module):
+    def forward(self, obs):
+        return obs[..., 2 * D : 2 * D + 1]
+
+
+def continuous_setup(learned_scale, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    actor = TensorDictModule(GaussianFromObs(learned_scale), ["observation"], ["loc", "scale"])
+    critic = TensorDictModule(VFromObs(), ["observation"], ["state_value"])
+    advantage = SDNAdvantage(OBS, D, [8], "tanh").double()
+    loss = ACERLoss(actor, critic, advantage, discrete=False, gamma=GAMMA, sdn_samples=N_SDN, **kwargs)
+    loss.set_keys(core="observation")
+    g = torch.Generator().manual_seed(seed + 7)
+    behaviour_loc = torch.randn(B, T, D, generator=g, dtype=torch.float64)
+    behaviour_scale = 0.4 + torch.rand(B, T, D, generator=g, dtype=torch.float64)
+    action = behaviour_loc + behaviour_scale * torch.randn(B, T, D, generator=g, dtype=torch.float64)
+    behaviour = {("behaviour", "loc"): behaviour_loc, ("behaviour", "scale"): behaviour_scale}
+    td = make_batch(OBS, action, behaviour, seed)
+    with torch.no_grad():  # positive scale entries (phi = (loc, scale) when the scale is learned)
+        for key in ("observation", ("next", "observation")):
+            td[key][..., D : 2 * D] = td[key][..., D : 2 * D].abs() + 0.3
+    return loss, advantage, td
+
+
+def log_normal(x, m, s):
+    return float((-0.5 * ((x - m) / s) ** 2 - torch.log(s) - 0.5 * math.log(2 * math.pi)).sum())
+
+
+def continuous_reference(td, advantage, samples, c, learned_scale, average_bias=None, delta=None):
+    """Plain loop over ACER Alg. 3 / eq. 13, 14, 16, 21 and eq. 12: the critic loss and z* w.r.t. phi."""
+    obs, next_obs = td["observation"].detach(), td["next", "observation"].detach()
+    mask = td["mask"]
+
+    def stats(x):
+        scale = x[D : 2 * D] if learned_scale else torch.full((D,), 0.7, dtype=torch.float64)
+        return x[:D], scale
+
+    with torch.no_grad():
+        q_tilde = torch.zeros(B, T, dtype=torch.float64)
+        q_tilde_sampled = torch.zeros(B, T, dtype=torch.float64)
+        for b in range(B):
+            for t in range(T):  # SDN, eq. 13
+                adv = [float(advantage(obs[b, t], u)) for u in samples[:, b, t]]
+                v = float(obs[b, t, 2 * D])
+                baseline = sum(adv[1:]) / N_SDN
+                q_tilde[b, t] = v + float(advantage(obs[b, t], td["action"][b, t])) - baseline
+                q_tilde_sampled[b, t] = v + adv[0] - baseline
+
+    def rho_of(b, t, a):
+        m, s = stats(obs[b, t])
+        mu_loc, mu_scale = td["behaviour", "loc"][b, t], td["behaviour", "scale"][b, t]
+        return math.exp(log_normal(a, m, s) - log_normal(a, mu_loc, mu_scale))
+
+    q_ret = torch.zeros(B, T, dtype=torch.float64)
+    q_opc = torch.zeros(B, T, dtype=torch.float64)
+    critic, n = 0.0, int(mask.sum())
+    dim = 2 * D if learned_scale else D
+    g = torch.zeros(B, T, dim, dtype=torch.float64)
+    k = torch.zeros(B, T, dim, dtype=torch.float64)
+    for b in range(B):
+        for t in reversed(range(T)):
+            if not mask[b, t]:
+                continue
+            r = float(td["next", "reward"][b, t])
+            bootstrap, terminal = bootstrap_flags(td, b, t)
+            if terminal:
+                q_ret[b, t] = q_opc[b, t] = r
+            elif bootstrap:
+                q_ret[b, t] = q_opc[b, t] = r + GAMMA * float(next_obs[b, t, 2 * D])
+            else:  # Alg. 3: Q^ret <- c_i (Q^ret - Q~_i) + V_i, c_i = min(1, rho_i^(1/d)); Q^opc with c = 1
+                rho_n = rho_of(b, t + 1, td["action"][b, t + 1])
+                v_n = float(obs[b, t + 1, 2 * D])
+                c_n = min(1.0, rho_n ** (1.0 / D))
+                q_ret[b, t] = r + GAMMA * (c_n * (q_ret[b, t + 1] - q_tilde[b, t + 1]) + v_n)
+                q_opc[b, t] = r + GAMMA * (q_opc[b, t + 1] - q_tilde[b, t + 1] + v_n)
+            v = float(obs[b, t, 2 * D])
+            a, a2 = td["action"][b, t].detach(), samples[0, b, t]
+            rho, rho2 = rho_of(b, t, a), rho_of(b, t, a2)
+            err = float(q_ret[b, t] - q_tilde[b, t])
+            critic += 0.5 * err**2 + 0.5 * (min(1.0, rho) * err) ** 2  # eq. 6 on Q~ and eq. 14 on V
+            m, s = stats(obs[b, t])
+
+            def grad_log_f(x):
+                d_loc = (x - m) / s**2
+                d_scale = -1 / s + (x - m) ** 2 / s**3
+                return torch.cat([d_loc, d_scale]) if learned_scale else d_loc
+
+            g[b, t] = min(c, rho) * (q_opc[b, t] - v) * grad_log_f(a)  # eq. 16
+            g[b, t] += max(0.0, 1 - c / rho2) * (q_tilde_sampled[b, t] - v) * grad_log_f(a2)
+            if average_bias is not None:  # grad_phi KL(N(m_a, s) || N(m, s_phi))
+                m_a = m + average_bias
+                d_loc = (m - m_a) / s**2
+                d_scale = 1 / s - (s**2 + (m_a - m) ** 2) / s**3
+                k[b, t] = torch.cat([d_loc, d_scale]) if learned_scale else d_loc
+    z = g.clone()
+    if delta is not None:
+        for b in range(B):
+            for t in range(T):
+                if not mask[b, t]:
+                    continue
+                kk = float(k[b, t] @ k[b, t])
+                z[b, t] = g[b, t] - max(0.0, (float(k[b, t] @ g[b, t]) - delta) / kk) * k[b, t]
+    return critic / n, g, k, z
+
+
+@pytest.mark.parametrize("learned_scale", [False, True])
+@pytest.mark.parametrize("trust_region", [False, True])
+def test_continuous_gradient_wrt_phi_is_eq16(learned_scale, trust_region):
+    c = 1.5
+    loss, advantage, td = continuous_setup(learned_scale, c=c, trust_region=trust_region)
+    mask = td["mask"]
+    with torch.no_grad():
+        m = td["observation"][..., :D]
+        s = td["observation"][..., D : 2 * D] if learned_scale else torch.full_like(m, 0.7)
+        torch.manual_seed(123)
+        samples = torch.distributions.Normal(m, s).sample((N_SDN + 1,))  # a'_t, then u_1..u_n
+    average_bias, delta = None, None
+    if trust_region:
+        average_bias = torch.tensor([0.4, -0.3], dtype=torch.float64)
+        _, g, k, _ = continuous_reference(td, advantage, samples, c, learned_scale, average_bias)
+        delta = half_active_delta(k, g, mask)
+        loss.delta = delta
+        SoftUpdate(loss, eps=0.995)
+        with torch.no_grad():
+            loss.target_actor_network_params["module", "bias"].copy_(average_bias)
+    critic, g, k, z = continuous_reference(td, advantage, samples, c, learned_scale, average_bias, delta)
+    torch.manual_seed(123)
+    g_policy, _, out = grads(loss, td)
+    phi_grad = g_policy[..., : 2 * D] if learned_scale else g_policy[..., :D]
+    torch.testing.assert_close(phi_grad, -z / mask.sum() * mask.unsqueeze(-1))
+    assert float(out["loss_critic"].detach()) == pytest.approx(critic, rel=1e-9)
+    assert 0 < float(out["truncated_share"]) < 1
+    if trust_region:
+        active = ((k * g).sum(-1) > delta) & mask
+        assert active.any() and (~active & mask).any()
+        assert float(out["trust_region_active"]) == pytest.approx(float(active.sum() / mask.sum()))
+
+
+# ---------------------------------------------------------------------------------------------- plumbing
+def test_update_plan_follows_algorithm_1():
+    rng = np.random.default_rng(0)
+    loss = discrete_loss(replay_ratio=4.0, trust_region=False)
+    plans = [loss.update_plan(rng) for _ in range(2000)]
+    assert all(p[0] == 1.0 and set(p[1:]) <= {0.0} for p in plans)
+    assert np.mean([len(p) - 1 for p in plans]) == pytest.approx(4.0, abs=0.15)
+    loss.on_policy, loss.replay_ratio = False, 2.0
+    assert all(1.0 not in loss.update_plan(rng) for _ in range(100))
+    loss.on_policy, loss.replay_ratio = True, 0.0  # A3C-like
+    assert loss.update_plan(rng) == [1.0]
+
+
+def test_average_network_follows_soft_update():
+    loss = discrete_loss(trust_region=True)
+    updater = SoftUpdate(loss, eps=0.9)
+    with torch.no_grad():
+        loss.actor_network_params["module", "bias"].fill_(1.0)
+    updater.step()
+    torch.testing.assert_close(
+        loss.target_actor_network_params["module", "bias"], torch.full((A,), 0.1, dtype=torch.float64)
+    )
+    assert all("target" not in name for name, _ in loss.named_parameters())
+
+
+@pytest.mark.parametrize(
+    "override", ["acer.c=0", "acer.alpha=1.0", "acer.replay_ratio=-1", "acer.sdn_samples=0"]
+)
+def test_config_errors_name_the_key(override):
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        load_config("acer", [override])
+
+
+def test_off_policy_without_replay_is_refused():
+    with pytest.raises(ConfigError, match="never updates"):
+        load_config("acer", ["acer.on_policy=false", "acer.replay_ratio=0"])
+
+
+def test_presets_load():
+    for preset in ("cartpole", "atari", "mujoco", "pendulum"):
+        cfg = load_config("acer", [f"preset={preset}"])
+        assert cfg.preset == preset
+    assert load_config("acer", []).env.name == "CartPole-v1"
+
+
+def test_exported_from_objectives():
+    from acer_torchrl import objectives
+
+    assert objectives.ACERLoss is ACERLoss
+
+
+@pytest.mark.parametrize("lstm", [False, True])
+def test_built_agent_trains_every_network_on_acted_sequences(lstm):
+    """build() on CartPole (with and without an LSTM core): sequences acted by the agent's own policy
+    (behaviour statistics written at acting time), one Adam step moves every trained parameter and the
+    average policy network, and the acting policy shares the trained weights."""
+    from torchrl.modules import set_recurrent_mode
+
+    from acer_torchrl.algorithms import get_algorithm
+    from acer_torchrl.envs import env_info
+
+    overrides = [f"network.lstm={lstm}", "network.lstm_hidden=8", "network.hidden=[16]"]
+    cfg = load_config("acer", ["preset=cartpole", *overrides])
+    agent = get_algorithm("acer").build(cfg, env_info(cfg.env))
+    torch.manual_seed(0)
+    obs = torch.randn(B, T, 4)
+    td = TensorDict({"observation": obs, "is_init": torch.zeros(B, T, 1, dtype=torch.bool)}, [B, T])
+    td["is_init"][:, 0] = True
+    for key in agent.hidden_keys:
+        td[key] = torch.zeros(B, T, 1, 8)
+    with torch.no_grad(), set_recurrent_mode(True):
+        td = agent.policy(td)
+    terminated, truncated, mask = layout()
+    next_obs = torch.cat([obs[:, 1:], torch.randn(B, 1, 4)], 1)
+    nxt = td.get("next", TensorDict({}, [B, T]))  # the LSTM wrote its next states there
+    td["next"] = nxt.update({"observation": next_obs, "reward": torch.ones(B, T, 1), "terminated": terminated,
+                             "truncated": truncated, "done": terminated | truncated})
+    td["mask"] = mask.squeeze(-1)
+    loss = agent.loss
+    params = [p for p in loss.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in params]
+    average_before = loss.target_actor_network_params.clone()
+    optimizer = torch.optim.Adam(params, lr=1e-2)
+    out = loss(td)
+    assert set(loss.out_keys) == set(out.keys())
+    sum(v for k, v in out.items() if k.startswith("loss_")).backward()
+    optimizer.step()
+    for updater in agent.updaters:
+        updater.step()
+    assert all(not torch.equal(p, q) for p, q in zip(params, before))
+    moved = (loss.target_actor_network_params.detach() - average_before.detach()).abs()
+    assert all(float(v.sum()) > 0 for v in moved.values(True, True))
+    policy_params = {id(p) for p in agent.policy.parameters()}
+    assert policy_params <= {id(p) for p in params}
+    assert float(out["rho_mean"]) == pytest.approx(1.0)  # acted by this very policy: rho = 1
+
+
+@pytest.mark.slow
+@pytest.mark.learning
+def test_cartpole_learns(tmp_path):
+    """Discrete ACER, preset=cartpole, 15k env steps: the greedy return climbs far above random (~22)."""
+    from acer_torchrl.cli import run
+
+    summary = run("acer", ["preset=cartpole", "total_frames=15000", "eval.interval=1000000", "eval.episodes=5",
+                           f"run_dir={tmp_path}", "log.progress=false"])
+    assert summary["env_steps"] >= 15_000
+    assert summary["eval_return_mean"] >= 150, summary

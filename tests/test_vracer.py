@@ -1,0 +1,415 @@
+"""V-RACER and ReF-ER (Novati & Koumoutsakos 2019): stored estimates, Rules 1-2, beta, annealing, pipeline.
+
+References here are plain Python loops or autograd written straight from the paper's equations; they
+share no code with ``acer_torchrl.objectives.vracer`` / ``refer``. Episodes in the synthetic replays end
+terminated, truncated, or are still open, and arrive in chunks spread over several collected batches.
+"""
+
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from acer_torchrl.cli import run
+from acer_torchrl.config import ConfigError, load_config
+from acer_torchrl.envs import EnvInfo
+from acer_torchrl.objectives.functional import refer_beta_update
+from acer_torchrl.objectives.refer import ReFER, gaussian_kl
+from acer_torchrl.objectives.vracer import TruncatedGaussian, build
+from acer_torchrl.replay import EpisodeReplay
+
+OBS, ACT = 3, 2
+INFO = EnvInfo(
+    obs_shape=(OBS,), obs_dtype=torch.float32, discrete=False, action_dim=ACT,
+    action_low=(-2.0, -0.5), action_high=(2.0, 1.5),
+)
+GAMMA = 0.9
+
+
+def make_agent(n_start=20, **overrides):
+    args = ["preset=pendulum", f"gamma={GAMMA}", f"replay.min_size={n_start}"]
+    args += [f"{k}={v}" for k, v in overrides.items()]
+    return build(load_config("vracer", args), INFO)
+
+
+def collected(agent, rows, seed):
+    """A collected batch ``[n_rows, T]``; each row a list of ``(traj_id, first_step, n_steps, end)``, end in
+    ``None`` (episode goes on), ``"terminated"`` or ``"truncated"``. Actions come from the acting policy."""
+    g = torch.Generator().manual_seed(seed)
+    traj, init, term, trunc = [], [], [], []
+    for row in rows:
+        t_row, i_row, te_row, tr_row = [], [], [], []
+        for tid, first, n, end in row:
+            t_row += [tid] * n
+            i_row += [first == 0] + [False] * (n - 1)
+            te_row += [False] * (n - 1) + [end == "terminated"]
+            tr_row += [False] * (n - 1) + [end == "truncated"]
+        traj.append(t_row), init.append(i_row), term.append(te_row), trunc.append(tr_row)
+    traj = torch.tensor(traj)
+    shape = traj.shape
+    terminated, truncated = torch.tensor(term).unsqueeze(-1), torch.tensor(trunc).unsqueeze(-1)
+    td = TensorDict(
+        {
+            "observation": 1.0 + 2.0 * torch.randn(*shape, OBS, generator=g),
+            "is_init": torch.tensor(init).unsqueeze(-1),
+            ("collector", "traj_ids"): traj,
+            ("next", "observation"): 1.0 + 2.0 * torch.randn(*shape, OBS, generator=g),
+            ("next", "reward"): 3.0 * torch.randn(*shape, 1, generator=g),
+            ("next", "terminated"): terminated,
+            ("next", "truncated"): truncated,
+            ("next", "done"): terminated | truncated,
+        },
+        batch_size=shape,
+    )
+    with torch.no_grad():
+        agent.policy(td)
+    return td
+
+
+BATCHES = [  # two envs; episodes 1 and 3 cross a batch boundary, 2 terminates, 1 and 4 are truncated
+    [[(1, 0, 9, None)], [(2, 0, 5, "terminated"), (3, 0, 4, None)]],
+    [[(1, 9, 3, "truncated"), (4, 0, 6, None)], [(3, 4, 7, "terminated"), (5, 0, 2, None)]],
+    [[(4, 6, 5, "truncated"), (6, 0, 4, "terminated")], [(5, 2, 3, None), (7, 0, 6, None)]],
+]
+
+
+def fill(agent, replay, batches=BATCHES, seed=0):
+    for i, rows in enumerate(batches):
+        batch = agent.loss.preprocess(collected(agent, rows, seed + i))
+        agent.loss.after_extend(batch, replay.extend(batch), replay)
+
+
+def perturb(module, seed, scale=0.3):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def stored(replay, key):
+    return replay.column(("vracer", key), alive_only=False)
+
+
+def episodes(replay):
+    """Alive episodes as lists of slots in time order (test-side loop)."""
+    out = []
+    for ep in replay.episode[replay.alive].unique().tolist():
+        slots = ((replay.episode == ep) & replay.alive).nonzero().squeeze(-1)
+        out.append(slots[replay.position[slots].argsort()])
+    return out
+
+
+def reference_estimates(replay, slots, reward_scale, eps=1e-7):
+    """Eq. 8 and Q^ret = r + gamma V^tbc_{t+1} from the episode's end, with the stored V and rho."""
+    value, rho = stored(replay, "value")[slots, 0].tolist(), stored(replay, "rho")[slots, 0].tolist()
+    reward = (replay.column(("next", "reward"), alive_only=False)[slots, 0] / (reward_scale + eps)).tolist()
+    last = int(slots[-1])
+    terminal = bool(replay.column(("next", "terminated"), alive_only=False)[last])
+    following = 0.0 if terminal else float(stored(replay, "next_value")[last])
+    v_tbc, q_ret = [0.0] * len(slots), [0.0] * len(slots)
+    for t in reversed(range(len(slots))):
+        q_ret[t] = reward[t] + GAMMA * following
+        v_tbc[t] = value[t] + min(1.0, rho[t]) * (q_ret[t] - value[t])
+        following = v_tbc[t]
+    return torch.tensor(v_tbc), torch.tensor(q_ret)
+
+
+def assert_estimates_follow_eq8(agent, replay):
+    for slots in episodes(replay):
+        v_tbc, q_ret = reference_estimates(replay, slots, float(agent.loss.reward_scale))
+        torch.testing.assert_close(stored(replay, "vtbc")[slots, 0], v_tbc, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(stored(replay, "qret")[slots, 0], q_ret, rtol=1e-5, atol=1e-5)
+
+
+def train_step(agent, replay, batch_size=24):
+    sample = replay.sample_steps(batch_size)
+    out = agent.loss(sample)
+    sum(v for k, v in out.items() if k.startswith("loss_")).backward()
+    agent.loss.after_update(sample, out, replay)
+    return sample, out
+
+
+# ----------------------------------------------------------------------------- acting policy
+
+
+def test_truncated_gaussian_samples_inside_three_std_and_rho_of_fresh_data_is_one():
+    loc, scale = torch.tensor([[0.5, -1.0]]), torch.tensor([[0.2, 2.0]])
+    dist = TruncatedGaussian(loc.expand(20000, 2), scale.expand(20000, 2), width=3.0)
+    a = dist.sample()
+    z = (a - loc) / scale
+    assert z.abs().max() <= 3.0 and z.abs().max() > 2.5
+    truncated_std = math.sqrt(1 - 6 * math.exp(-4.5) / math.sqrt(2 * math.pi) / math.erf(3 / math.sqrt(2)))
+    torch.testing.assert_close(z.std(0), torch.full((2,), truncated_std), atol=0.02, rtol=0)
+    normal = torch.distributions.Normal(loc, scale)
+    log_z = 2 * math.log(math.erf(3 / math.sqrt(2)))
+    small = TruncatedGaussian(loc.expand(5, 2), scale.expand(5, 2), width=3.0)
+    torch.testing.assert_close(small.log_prob(a[:5]), normal.log_prob(a[:5]).sum(-1) - log_z)
+    assert torch.equal(dist.deterministic_sample, loc.expand(20000, 2))
+
+    # acting (workers) and learning (loss) evaluate mu identically, actions in env units within the bounds
+    agent = make_agent()
+    batch = agent.loss.preprocess(collected(agent, BATCHES[0], seed=1))
+    torch.testing.assert_close(batch["vracer", "rho"], torch.ones(2, 9, 1))
+    center, half = torch.tensor([0.0, 0.5]), torch.tensor([2.0, 1.0])
+    torch.testing.assert_close(batch["behaviour", "scale"], (0.2 * half).expand(2, 9, 2))
+    assert ((batch["action"] - center).abs() <= 3 * 0.2 * half + 1e-5).all()
+
+
+# ----------------------------------------------------------------------------- stored estimates
+
+
+def test_new_chunks_compute_eq8_over_whole_stored_episodes():
+    agent = make_agent(n_start=10)  # fitted after the first batch
+    replay = EpisodeReplay(200, seed=0)
+    fill(agent, replay)
+    assert bool(agent.loss.fitted)
+    assert_estimates_follow_eq8(agent, replay)
+    # the first batch's values were recomputed with the fitted standardisation
+    fresh = agent.loss._fresh_estimates(replay.gather(episodes(replay)[0]))
+    torch.testing.assert_close(stored(replay, "value")[episodes(replay)[0]], fresh["value"])
+
+
+def test_write_back_stores_fresh_v_rho_and_recomputes_eq8_for_earlier_steps():
+    agent = make_agent(n_start=10, **{"vracer.reward_scale_interval": 2})
+    replay = EpisodeReplay(200, seed=0)
+    fill(agent, replay)
+    before = stored(replay, "vtbc").clone()
+    ends_seen = 0
+    for step in range(3):  # the 2nd step also rescales rewards (sigma_r recomputed, App. B)
+        perturb(agent.loss.network, seed=step)  # the network changed since the estimates were stored
+        sigma = float(agent.loss.reward_scale)
+        sample, out = train_step(agent, replay)
+        unit = (sigma + 1e-7) / (float(agent.loss.reward_scale) + 1e-7)  # stored values follow sigma_r
+        assert (unit != 1.0) == (step == 1)
+        slots = sample["slot"]
+        torch.testing.assert_close(stored(replay, "value")[slots], out["state_value"] * unit)
+        torch.testing.assert_close(stored(replay, "rho")[slots], out["rho"])
+        ends = slots[replay.next[slots] < 0]  # sampled last stored steps: their bootstrap V(s_{k+1}) is fresh
+        with torch.no_grad():
+            v_next = agent.loss.network(replay.gather(ends)["next"].select("observation"))["state_value"]
+        torch.testing.assert_close(stored(replay, "next_value")[ends], v_next * unit)
+        ends_seen += ends.numel()
+        assert_estimates_follow_eq8(agent, replay)
+    assert ends_seen > 0
+    changed = (stored(replay, "vtbc") - before).abs() > 1e-4
+    assert changed[replay.alive[: changed.shape[0]]].float().mean() > 0.5, "write-backs must correct earlier steps' V^tbc"
+
+
+def test_sampled_step_uses_stored_targets():
+    agent = make_agent(n_start=10)
+    replay = EpisodeReplay(200, seed=0)
+    fill(agent, replay)
+    sample = replay.sample_steps(16)
+    sample["vracer", "vtbc"] = torch.randn(16, 1)
+    sample["vracer", "qret"] = torch.randn(16, 1)
+    out = agent.loss(sample)
+    value = out["state_value"]
+    near = (out["rho"] > 1 / 5) & (out["rho"] < 5)
+    expected = 0.5 * ((value - sample["vracer", "vtbc"]) ** 2 * near).sum() / 16  # eq. 9, beta = 1
+    torch.testing.assert_close(out["loss_value"], expected)
+    expected_pg = -(out["rho"] * (sample["vracer", "qret"] - value) * near).sum() / 16  # eq. 5
+    torch.testing.assert_close(out["loss_policy"], expected_pg)
+
+
+# ----------------------------------------------------------------------------- Rules 1 and 2
+
+
+def far_policy_sample(agent, replay):
+    """16 sampled steps; rows 0-3 made far-policy (rho >= e^3 or e^-3, c_max = 5), the rest near."""
+    sample = replay.sample_steps(16)
+    with torch.no_grad():
+        out = agent.loss(sample)
+    shift = torch.zeros(16)
+    shift[:2], shift[2:4] = 3.0, -3.0
+    shift[1] = 120.0  # rho overflows to inf in float32: still no gradient, and no NaN
+    log_mu = sample["behaviour", "log_prob"] + out["rho"].log().squeeze(-1)  # rho = 1 for every row ...
+    sample["behaviour", "log_prob"] = log_mu - shift  # ... then e^shift
+    return sample
+
+
+def test_rule1_zeroes_exactly_the_far_policy_gradients():
+    agent = make_agent(n_start=10)
+    replay = EpisodeReplay(200, seed=0)
+    fill(agent, replay)
+    perturb(agent.loss.network, seed=5, scale=0.05)
+    sample = far_policy_sample(agent, replay)
+    obs = sample["observation"].clone().requires_grad_(True)
+    sample["observation"] = obs
+    agent.loss.refer.beta.fill_(0.7)
+    out = agent.loss(sample)
+    torch.testing.assert_close(out["far_batch"], torch.tensor(0.25))
+    (grad,) = torch.autograd.grad(out["loss_policy"] + out["loss_value"], obs, retain_graph=True)
+    assert (grad[:4] == 0).all(), "far-policy samples must give no policy/value gradient"
+    assert torch.isinf(out["rho"][1]).all() and torch.isfinite(grad).all()
+
+    # reference on the near rows: beta/B sum [-rho (Q^ret - V) + (V - V^tbc)^2 / 2] (eq. 5, 9, 10)
+    obs_ref = sample["observation"].detach().clone().requires_grad_(True)
+    net_out = agent.loss.network(TensorDict({"observation": obs_ref}, [16]))
+    value, loc, scale = net_out["state_value"], net_out["loc"], net_out["scale"]
+    log_pi = torch.distributions.Normal(loc, scale).log_prob(sample["action"]).sum(-1) - 2 * math.log(
+        math.erf(3 / math.sqrt(2))
+    )
+    rho = (log_pi - sample["behaviour", "log_prob"]).exp().unsqueeze(-1)
+    terms = -rho * (sample["vracer", "qret"] - value).detach() + 0.5 * (value - sample["vracer", "vtbc"]) ** 2
+    (ref,) = torch.autograd.grad(0.7 * terms[4:].sum() / 16, obs_ref)
+    assert (grad[4:].abs().sum(-1) > 0).all()
+    torch.testing.assert_close(grad[4:], ref[4:])
+    # Rule 2 still acts on the far-policy samples
+    (grad_kl,) = torch.autograd.grad(out["loss_kl"], obs)
+    assert (grad_kl[:4].abs().sum(-1) > 0).all()
+
+
+def test_rule2_gradient_is_autograd_of_kl_mu_pi():
+    agent = make_agent(n_start=10)
+    replay = EpisodeReplay(200, seed=0)
+    fill(agent, replay)
+    perturb(agent.loss.network, seed=7, scale=0.1)
+    sample = far_policy_sample(agent, replay)
+    loss = agent.loss
+    loss.refer.beta.fill_(0.0)  # only the penalty is left
+    params = [p for p in loss.parameters() if p.requires_grad]
+    out = loss(sample)
+    total = sum(v for k, v in out.items() if k.startswith("loss_"))
+    grads = torch.autograd.grad(total, params, allow_unused=True)
+
+    net_out = loss.network(sample.select("observation"))
+    mu = torch.distributions.Normal(sample["behaviour", "loc"], sample["behaviour", "scale"])
+    pi = torch.distributions.Normal(net_out["loc"], net_out["scale"])
+    kl = torch.distributions.kl_divergence(mu, pi).sum(-1).mean()  # eq. 11
+    ref = torch.autograd.grad(kl, params, allow_unused=True)
+    for g, r in zip(grads, ref):
+        if r is None:
+            assert g is None or (g == 0).all()
+        else:
+            torch.testing.assert_close(g, r)
+    assert any(r is not None and r.abs().sum() > 0 for r in ref)
+
+
+def test_gaussian_kl_closed_form():
+    g = torch.Generator().manual_seed(0)
+    loc_p, loc_q = torch.randn(5, 3, generator=g), torch.randn(5, 3, generator=g)
+    scale_p, scale_q = torch.rand(5, 3, generator=g) + 0.1, torch.rand(5, 3, generator=g) + 0.1
+    ref = torch.distributions.kl_divergence(
+        torch.distributions.Normal(loc_p, scale_p), torch.distributions.Normal(loc_q, scale_q)
+    ).sum(-1, keepdim=True)
+    torch.testing.assert_close(gaussian_kl(loc_p, scale_p, loc_q, scale_q), ref)
+
+
+# ----------------------------------------------------------------------------- beta and annealing
+
+
+def test_beta_follows_eq12_and_annealing_follows_eq13():
+    refer = ReFER(C=4.0, A=1e-3, D=0.1, lr=0.05)
+    beta, t = 1.0, 0
+    for far in [0.0, 0.3, 0.3, 0.05, 0.5, 0.1, 0.2]:
+        n = 1000
+        rho = torch.ones(n)
+        c_max = 1 + 4.0 / (1 + 1e-3 * t)
+        k = round(far * n)
+        rho[: k // 2] = c_max * 1.01  # exploding
+        rho[k // 2 : k] = 1 / (c_max * 1.01)  # vanishing
+        refer.update_beta(rho)
+        eta = 0.05 / (1 + 1e-3 * t)
+        beta = (1 - eta) * beta if far > 0.1 else (1 - eta) * beta + eta  # eq. 12
+        assert float(refer.far_fraction) == pytest.approx(k / n)
+        assert float(refer.beta) == pytest.approx(beta, rel=1e-6)
+        refer.advance(500)
+        t += 500
+    assert refer.c_max == pytest.approx(1 + 4.0 / (1 + 1e-3 * t))
+    assert refer.lr_scale == pytest.approx(1 / (1 + 1e-3 * t))
+    # the boundary of eq. 10 is strict: rho = c_max or 1/c_max is far-policy
+    c = refer.c_max
+    assert refer.near_policy(torch.tensor([math.log(c), -math.log(c), 0.99 * math.log(c)])).tolist() == [
+        False, False, True
+    ]
+    assert float(refer_beta_update(0.5, 0.1, 0.1, 0.1)) == pytest.approx(0.55)
+
+
+def test_beta_uses_the_far_fraction_of_the_whole_replay():
+    agent = make_agent(n_start=10)
+    replay = EpisodeReplay(200, seed=0)
+    fill(agent, replay)
+    alive = replay.alive.nonzero().squeeze(-1)
+    far_rho = torch.ones(alive.numel(), 1)
+    far_rho[::3] = 50.0  # a third of the replay is far-policy; sampled steps are near
+    replay.update(alive, TensorDict({("vracer", "rho"): far_rho}, [alive.numel()]))
+    sample, out = train_step(agent, replay, batch_size=4)
+    expected = (~((stored(replay, "rho")[alive] > 1 / 5) & (stored(replay, "rho")[alive] < 5))).float().mean()
+    assert float(agent.loss.refer.far_fraction) == pytest.approx(float(expected))
+    assert float(expected) > 0.2 and float(out["far_batch"]) < 0.5
+    t = int(agent.loss.refer.steps)
+    assert t == 54
+    assert float(agent.loss.refer.beta) == pytest.approx(1 - 1e-4 / (1 + 5e-7 * t))  # (1 - eta) beta, eq. 12-13
+
+
+# ----------------------------------------------------------------------------- replay eviction
+
+
+def test_eviction_never_leaves_half_an_episode_and_estimates_stay_consistent():
+    agent = make_agent(n_start=10)
+    replay = EpisodeReplay(40, seed=0)  # the batches below wrap around it several times
+    for i in range(8):
+        base = 10 * i
+        rows = [[(base + 1, 0, 7, "terminated"), (base + 2, 0, 3, None)], [(base + 3, 0, 10, "truncated")]]
+        batch = agent.loss.preprocess(collected(agent, rows, seed=i))
+        agent.loss.after_extend(batch, replay.extend(batch), replay)
+        if bool(agent.loss.fitted):
+            train_step(agent, replay, batch_size=8)
+        for slots in episodes(replay):
+            assert replay.position[slots].tolist() == list(range(len(slots))), "half an episode is alive"
+        assert_estimates_follow_eq8(agent, replay)
+    assert replay.steps_written > 2 * replay.capacity
+
+
+# ----------------------------------------------------------------------------- config and pipeline
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="network.lstm"):
+        load_config("vracer", ["network.lstm=true"])
+    with pytest.raises(ConfigError, match="0 < D < 1"):
+        load_config("vracer", ["vracer.D=1.5"])
+    discrete = EnvInfo(obs_shape=(4,), obs_dtype=torch.float32, discrete=True, num_actions=2)
+    with pytest.raises(ConfigError, match="continuous"):
+        build(load_config("vracer", ["env.name=CartPole-v1"]), discrete)
+
+
+def test_pipeline_anneals_lr_logs_refer_and_checkpoints_learner_state(tmp_path):
+    summary = run(
+        "vracer",
+        [
+            "preset=pendulum", "collector.workers=0", "collector.frames_per_batch=50", "total_frames=300",
+            "replay.capacity=1000", "replay.min_size=200", "replay.batch_size=32", "vracer.A=1e-3", "eval.interval=250",
+            "eval.episodes=1", "log.progress=false", f"run_dir={tmp_path}",
+        ],
+    )
+    assert summary["updates"] == 150  # F = 1: one step per env step from the batch that reaches N_start on
+    header, *rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    for column in ("far_fraction", "beta", "c_max", "kl", "rho"):
+        assert column in header.split(","), column
+    state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)
+    loss_state, optim_state = state["loss"], state["optimizer"]
+    assert bool(loss_state["fitted"]) and int(loss_state["refer.steps"]) == 300
+    assert float(loss_state["reward_scale"]) > 0.5
+    assert float(loss_state["normalizer.scale"].min()) > 0.0  # fitted state statistics, checkpointed
+    assert optim_state["param_groups"][0]["lr"] == pytest.approx(1e-4 / (1 + 1e-3 * 300))  # eq. 13
+
+
+@pytest.mark.slow
+@pytest.mark.learning
+def test_vracer_learns_inverted_pendulum(tmp_path):
+    """The paper's settings (B = 128 to fit CI) on InvertedPendulum-v5: the return of the initial policy
+    (~10) grows several-fold within 12 000 steps."""
+    summary = run(
+        "vracer",
+        [
+            "preset=pendulum", "total_frames=12000", "replay.batch_size=128", "eval.interval=3000",
+            "log.progress=false", "seed=1", f"run_dir={tmp_path}",
+        ],
+    )
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    first = dict(zip(header, rows[1].split(",")))  # episodes of the first 3 000 steps (mostly before learning)
+    assert float(first["train_return"]) < 30, first
+    assert summary["eval_return_mean"] >= 150, summary
