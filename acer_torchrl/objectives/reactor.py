@@ -23,6 +23,8 @@ Deviations from the paper, and why:
   observation, so the last real step of an episode bootstraps on its own final observation); the current
   network learns on rows ``0..T-1`` and ``Q_T(x_{t+1}, .)``, ``pi(.|x_{t+1})`` are read on rows ``1..T``.
   The target network thus sees ``x_0`` once more as burn-in than in Figure 2.
+* ``tau = replay.seq_len = 33`` learned steps per sequence (34 observations); the paper's 33 observations
+  give 32 learned steps (``replay.seq_len=32`` matches it exactly).
 * The mean action gap uses the expectation over the uniformly chosen other action,
   ``A/(A-1) (max_a Q - mean_a Q)``, instead of one random draw (same mean, no sampling noise).
 * TISLR's correction term uses the current estimate ``Q(a)`` in place of the unknown ``Q^pi(a)``.
