@@ -15,7 +15,8 @@ per-step objective from importance weights of a parametric policy and can write 
 back into the replay (V-RACER here; ACER's, Reactor's and LASER's per-step policy/value terms alike)
 can use it: classify its steps with :meth:`ReFER.near_policy`, weigh its per-step losses with
 :meth:`ReFER.gate`, add :meth:`ReFER.penalty` of ``D_KL(mu || pi)`` and, after each optimiser step, call
-:meth:`ReFER.update_beta` on the weights stored in the replay. The learning-rate annealing reaches the optimiser through ``ReplayLoss.lr_scale``.
+:meth:`ReFER.update_beta` on the weights stored in the replay. The learning-rate annealing reaches the
+optimiser through ``ReplayLoss.lr_scale`` (return :attr:`ReFER.lr_scale` there).
 """
 
 from __future__ import annotations
