@@ -35,6 +35,8 @@ TINY = [
     "device=cpu",
 ]
 JOB_WAIT_S = 240
+ENDED_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
+ENDED_FOR_S = 10.0  # an ended state must last this long: requeues pass through CANCELLED
 
 slurm = pytest.mark.slurm
 uses_cluster = pytest.mark.usefixtures("slurm_cluster")
@@ -51,14 +53,31 @@ def executor(tmp_path: Path, **params) -> submitit.AutoExecutor:
 def wait_until(condition, what: str, job=None, timeout_s: float = JOB_WAIT_S):
     """Poll ``condition()`` until it returns a truthy value; fail with the job's stderr tail otherwise."""
     deadline = time.monotonic() + timeout_s
+    ended_since = None
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
-        if job is not None and job.done(force_check=True):
-            pytest.fail(f"job {job.job_id} ended while waiting for {what}: {job.state}\n{job.stderr()}")
+        state = job_state(job.job_id) if job is not None else "RUNNING"
+        if state.startswith(ENDED_STATES):
+            ended_since = ended_since or time.monotonic()
+            if time.monotonic() - ended_since > ENDED_FOR_S:
+                pytest.fail(f"job {job.job_id} ended while waiting for {what}: {state}\n{job.stderr()}")
+        else:
+            ended_since = None
         time.sleep(0.3)
     pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def job_state(job_id: str) -> str:
+    """The job's state from ``sacct``, asked afresh each time.
+
+    Not ``job.done()``: sacct briefly shows a requeued job as ended (e.g. "CANCELLED by 0"), and submitit's
+    watcher never asks again about a job it once saw ended.
+    """
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id], capture_output=True, text=True)
+    lines = out.stdout.strip().splitlines()
+    return lines[-1].strip() if lines else "UNKNOWN"
 
 
 def read_counters(run_dir: Path) -> dict | None:
@@ -139,7 +158,7 @@ def test_two_task_job_sees_ranks_0_and_1(tmp_path):
 def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     """External ``scontrol requeue`` then submitit's preemption signal: the run ends with every step
     and with the replay it had at the checkpoint it resumed from."""
-    run_dir, total, capacity = tmp_path / "run", 800, 1024
+    run_dir, total, capacity = tmp_path / "run", 3000, 4096
     overrides = TINY + [f"total_frames={total}", f"replay.capacity={capacity}", "log.checkpoint_interval=32", f"run_dir={run_dir}"]
     job = executor(tmp_path).submit(RecipeJob(), RECIPE, overrides)
 
@@ -151,6 +170,7 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     assert before_signal["env_steps"] < total, "the run ended before it could be interrupted; raise total"
     job._interrupt()  # submitit's preemption: SIGTERM then USR2 -> RecipeJob.checkpoint -> requeue
 
+    wait_until(job.paths.result_pickle.exists, "the requeued job's result", job)  # see job_state
     summary = job.result()
     assert summary["restarts"] == 2
     assert summary["env_steps"] >= total and summary["env_steps"] - total < 32  # one batch of slack
