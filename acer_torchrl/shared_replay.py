@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import submitit
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
@@ -414,16 +415,43 @@ def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
     return queue.get()
 
 
-class SweepTask:
+class SweepTask(submitit.helpers.Checkpointable):
     """What each task of a SLURM job runs (submit with ``tasks_per_node * nodes == agents``): the sweep's
-    agent of this task's rank, rendezvous from :func:`acer_torchrl.cluster.job_rank_info`."""
+    agent of this task's rank, rendezvous from :func:`acer_torchrl.cluster.job_rank_info`.
+
+    Like :class:`acer_torchrl.cluster.RecipeJob`, it survives preemption: submitit's signal (handled by
+    rank 0) requeues the job through :meth:`checkpoint`, and an external requeue restarts it with
+    ``SLURM_RESTART_COUNT > 0``; either way every agent resumes from its latest periodic checkpoint in the
+    sweep directory (agent 0's holds the shared replay), once all agents have one.
+    """
 
     def __call__(self, argv: list[str]) -> dict | None:
         from acer_torchrl.cluster import job_rank_info
 
+        if int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
+            argv = sweep_resume_argv(argv)
         sweep, overrides = parse_sweep_args(argv)
         rank, world_size, master_addr, port = job_rank_info()
         return run_sweep_rank(sweep, overrides, rank, world_size, master_addr, port)
+
+    def checkpoint(self, argv: list[str]) -> submitit.helpers.DelayedSubmission:
+        return submitit.helpers.DelayedSubmission(self, sweep_resume_argv(argv))
+
+
+def sweep_resume_argv(argv: list[str]) -> list[str]:
+    """``argv`` resuming its sweep directory (``resume=<sweep_dir>``) when every agent there has a
+    checkpoint; unchanged otherwise (a requeue before the first checkpoints starts afresh)."""
+    from acer_torchrl.checkpoint import CheckpointError, latest_checkpoint
+    from acer_torchrl.cluster import override_value, required_run_dir
+
+    sweep, _ = parse_sweep_args(argv)
+    sweep_dir = Path(override_value(argv, "resume") or required_run_dir(argv))
+    try:
+        for i in range(sweep.agents):
+            latest_checkpoint(sweep_dir / f"agent{i}")
+    except CheckpointError:
+        return list(argv)
+    return [a for a in argv if a.partition("=")[0].strip() not in ("resume", "run_dir")] + [f"resume={sweep_dir}"]
 
 
 def run(argv: list[str]) -> dict:

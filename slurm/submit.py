@@ -4,6 +4,10 @@
   python slurm/submit.py vracer preset=cartpole --sweep "optim.lr=1e-4,3e-4 seed=0,1,2" --wait
   python slurm/submit.py acer preset=cartpole total_frames=2000 --local      # this machine, no SLURM
   python slurm/submit.py tabulate runs/vracer-sweep-20250101-120000
+  python slurm/submit.py laser_sweep agents=3 preset=cartpole --cpus 2   # one job, one task per agent
+
+The LASER shared-replay sweep (``laser_sweep``, see ``recipes/laser_sweep.py``) is one job with one task
+per agent; rank 0 holds the one replay and serves it to the others.
 
 Every run gets a fixed run_dir before submission (``run_dir=`` or ``resume=`` if given, else
 ``runs/<recipe>-<time>``; for a sweep, ``run_dir=`` names the sweep directory and each point runs in
@@ -28,6 +32,8 @@ from acer_torchrl.algorithms import REGISTRY
 from acer_torchrl.cluster import RecipeJob, override_value
 
 TABLE_KEYS = ("env_steps", "eval_return_mean", "wall_time_s")
+SHARED_REPLAY_SWEEP = "laser_sweep"
+SHARED_REPLAY_SWEEP_KEYS = ("env_steps_total", "best_eval_return_mean", "best_agent", "wall_time_s")
 
 
 class SubmitError(ValueError):
@@ -156,7 +162,8 @@ def wait_and_report(jobs: list, runs: list[dict]) -> int:
             failed += 1
             print(f"job {job.job_id} ({run['name']}) FAILED: {error_line(err)}; log {job.paths.stderr}")
             continue
-        figures = ", ".join(f"{k}={summary.get(k)}" for k in TABLE_KEYS)
+        keys = SHARED_REPLAY_SWEEP_KEYS if "agents" in summary else TABLE_KEYS
+        figures = ", ".join(f"{k}={summary.get(k)}" for k in keys)
         print(f"job {job.job_id} ({run['name']}) done: {figures}")
     return 1 if failed else 0
 
@@ -191,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Submit a recipe run (or a sweep of them) through submitit. "
         "`python slurm/submit.py tabulate SWEEP_DIR` prints a sweep's results.",
     )
-    parser.add_argument("recipe", choices=sorted(REGISTRY))
+    parser.add_argument("recipe", choices=sorted([*REGISTRY, SHARED_REPLAY_SWEEP]))
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides, e.g. preset=cartpole seed=1")
     parser.add_argument("--partition", help="SLURM partition (default: the cluster's default)")
     parser.add_argument("--time", type=int, default=240, help="time limit per job in minutes (default 240)")
@@ -233,17 +240,15 @@ def submit(args: argparse.Namespace) -> int:
             "no SLURM here (sbatch not found): use --local, or start a test cluster with "
             "`bash slurm/local_cluster.sh start`"
         )
+    if args.recipe == SHARED_REPLAY_SWEEP:
+        return submit_shared_replay_sweep(args)
     points = plan_points(args.overrides, args.sweep)
     for _, point_overrides in points:
         check_config(args.recipe, point_overrides)
     # resume=<run_dir> continues that run in place
     given_dir = override_value(args.overrides, "run_dir") or override_value(args.overrides, "resume")
     top_dir, runs = plan_runs(args.recipe, given_dir, points, args.sweep is not None)
-    if not args.local and args.time < 50:
-        print(
-            f"note: with --time under 50 min submitit counts every preemption as a timeout; a job is "
-            f"requeued at most --max-timeouts={args.max_timeouts} times"
-        )
+    warn_short_time(args)
     executor = make_executor(args, (args.logs or top_dir / "submitit").resolve())
     if len(runs) == 1:
         jobs = [executor.submit(RecipeJob(), args.recipe, runs[0]["overrides"])]
@@ -262,6 +267,46 @@ def submit(args: argparse.Namespace) -> int:
     if args.sweep:
         print(tabulate(top_dir))
     return status
+
+
+def warn_short_time(args: argparse.Namespace) -> None:
+    if not args.local and args.time < 50:
+        print(
+            f"note: with --time under 50 min submitit counts every preemption as a timeout; a job is "
+            f"requeued at most --max-timeouts={args.max_timeouts} times"
+        )
+
+
+def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
+    """A LASER sweep sharing one replay: one job whose ``agents`` tasks run one agent each
+    (:class:`acer_torchrl.shared_replay.SweepTask`, requeued and resumed like a recipe run)."""
+    from acer_torchrl.config import ConfigError
+    from acer_torchrl.shared_replay import SweepTask, parse_sweep_args
+
+    if args.sweep or args.local:
+        raise SubmitError(
+            "laser_sweep is one job with one task per agent: set its grid with agents= and sweep.lr_factors= / "
+            "sweep.entropy_factors= (no --sweep); without SLURM run recipes/laser_sweep.py mode=processes"
+        )
+    plan_points(args.overrides, None)  # every override is key=value
+    try:
+        sweep, agent_overrides = parse_sweep_args(args.overrides)
+    except ConfigError as err:
+        raise SubmitError(str(err)) from None
+    check_config("laser", [o for o in agent_overrides if o.partition("=")[0].strip() != "resume"])
+    given_dir = override_value(args.overrides, "resume") or override_value(args.overrides, "run_dir")
+    sweep_dir = Path(given_dir).resolve() if given_dir else fresh_dir(Path("runs"), SHARED_REPLAY_SWEEP)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    argv = [o for o in args.overrides if o.partition("=")[0].strip() not in ("run_dir", "resume")]
+    argv.append(f"resume={sweep_dir}" if override_value(args.overrides, "resume") else f"run_dir={sweep_dir}")
+    warn_short_time(args)
+    executor = make_executor(args, (args.logs or sweep_dir / "submitit").resolve())
+    executor.update_parameters(tasks_per_node=sweep.agents)
+    job = executor.submit(SweepTask(), argv)
+    print(f"job {job.job_id}  {sweep.agents} tasks  sweep dir {sweep_dir}  log {job.paths.stdout}")
+    if not args.wait:
+        return 0
+    return wait_and_report([job], [{"name": sweep_dir.name}])
 
 
 if __name__ == "__main__":

@@ -218,26 +218,6 @@ def test_process_sweep_end_to_end(tmp_path):
         assert min(agent["replayed_share_by_agent"]) > 0
 
 
-@pytest.mark.slurm
-@pytest.mark.slow
-@pytest.mark.usefixtures("slurm_cluster")
-def test_slurm_job_with_one_task_per_agent(tmp_path):
-    """The same sweep as one SLURM job with two tasks (submitit): rank 0 serves the replay to rank 1."""
-    import submitit
-
-    from acer_torchrl.shared_replay import SweepTask
-
-    ex = submitit.AutoExecutor(folder=tmp_path / "logs" / "%j", cluster="slurm")
-    ex.update_parameters(timeout_min=60, cpus_per_task=1, tasks_per_node=2)
-    job = ex.submit(SweepTask(), ["agents=2", f"run_dir={tmp_path / 'sweep'}", *SMOKE])
-    results = job.results()
-    summary = next(r for r in results if r is not None)
-    assert results.count(None) == 1, "only rank 0 reports the sweep"
-    assert summary["shared_replay"]["stored_steps_by_agent"] == [256, 256]
-    for agent in summary["agents"]:
-        assert min(agent["replayed_share_by_agent"]) > 0
-
-
 @pytest.mark.slow
 def test_local_sweep_resumes_with_its_shared_replay(tmp_path):
     run(["agents=2", f"run_dir={tmp_path}", *SMOKE])

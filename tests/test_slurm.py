@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import submitit
-from submitit.core.utils import FailedJobError
+from submitit.core.utils import FailedJobError, JobPaths
 
 from acer_torchrl.cluster import RecipeJob, job_rank_info
 
@@ -185,6 +185,36 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
 
 @slurm
 @uses_cluster
+def test_shared_replay_sweep_job_resumes_after_requeue(tmp_path):
+    """``submit.py laser_sweep``: one job, one task per agent (rank 0 serves the replay, only it reports);
+    after an external requeue every agent resumes from its checkpoint, agent 0's bringing the replay back."""
+    sweep_dir, total = tmp_path / "sweep", 2048
+    overrides = [o for o in TINY if not o.startswith("collector.frames_per_batch")]
+    cmd = [sys.executable, str(SUBMIT), "laser_sweep", "agents=2", *overrides, "collector.frames_per_batch=64",
+           f"total_frames={total}", "log.checkpoint_interval=128", f"run_dir={sweep_dir}", "--time", "60"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
+    job_id = out.split()[1]
+    job = submitit.SlurmJob(folder=sweep_dir / "submitit" / "%j", job_id=job_id, tasks=(0, 1))
+
+    agents = [sweep_dir / "agent0", sweep_dir / "agent1"]
+    wait_until(lambda: all((read_counters(a) or {}).get("env_steps", 0) >= 128 for a in agents), "both agents' checkpoints", job)
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    wait_until(lambda: all((read_counters(a) or {}).get("restarts") == 1 for a in agents), "checkpoints after the requeue", job)
+    pickles = [JobPaths(job.paths.folder, job_id, task_id=rank).result_pickle for rank in (0, 1)]
+    wait_until(lambda: all(p.exists() for p in pickles), "both tasks' results", job)  # not job.done(): see job_state
+
+    results = job.results()
+    assert results[1] is None, "only rank 0 reports the sweep"
+    summary = results[0]
+    assert [a["env_steps"] for a in summary["agents"]] == [total, total]
+    assert summary["shared_replay"]["stored_steps_by_agent"][0] > 128 and summary["shared_replay"]["stored_steps_by_agent"][1] > 128
+    for agent in summary["agents"]:
+        assert min(agent["replayed_share_by_agent"]) > 0, "each agent samples the other's data"
+    assert json.loads((sweep_dir / "summary.json").read_text())["env_steps_total"] == 2 * total
+
+
+@slurm
+@uses_cluster
 def test_bad_override_surfaces_as_failed_job(tmp_path, capsys):
     job = executor(tmp_path).submit(RecipeJob(), RECIPE, ["optim.lrr=1", f"run_dir={tmp_path / 'run'}"])
     with pytest.raises(FailedJobError, match="optim.lrr"):
@@ -247,3 +277,32 @@ def test_tabulate_lists_points_with_and_without_summary(tmp_path):
     (tmp_path / "sweep.json").write_text(json.dumps({"runs": runs}))
     rows = [row.split() for row in submit.tabulate(tmp_path).splitlines()]
     assert rows[1:] == [["seed=0", "100", "9.50", "3.25"], ["seed=1", "-", "-", "-"]]
+
+
+def test_sweep_job_resumes_only_once_every_agent_has_a_checkpoint(tmp_path):
+    from acer_torchrl.shared_replay import SweepTask, sweep_resume_argv
+
+    argv = ["agents=2", "preset=cartpole", f"run_dir={tmp_path}"]
+    assert sweep_resume_argv(argv) == argv
+    for i in range(2):
+        (tmp_path / f"agent{i}" / "checkpoint").mkdir(parents=True)
+        (tmp_path / f"agent{i}" / "checkpoint" / "counters.json").write_text("{}" if i == 0 else "")
+        expected = argv if i == 0 else ["agents=2", "preset=cartpole", f"resume={tmp_path}"]
+        assert sweep_resume_argv(argv) == expected
+    assert SweepTask().checkpoint(argv).args == (["agents=2", "preset=cartpole", f"resume={tmp_path}"],)
+    assert sweep_resume_argv(["agents=2", f"resume={tmp_path}"]) == ["agents=2", f"resume={tmp_path}"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["laser_sweep", "agents=2", "--sweep", "seed=0,1"], "one task per agent"),
+        (["laser_sweep", "agents=2", "--local"], "mode=processes"),
+        (["laser_sweep", "agents=2", "sweep.bogus=1"], "sweep.bogus"),
+        (["laser_sweep", "agents=2", "optim.lrr=1"], "optim.lrr"),
+    ],
+)
+def test_shared_replay_sweep_submission_errors(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)  # the checks come before any submission
+    assert load_submit().main(argv) == 2
+    assert message in capsys.readouterr().err
