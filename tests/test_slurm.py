@@ -46,7 +46,7 @@ def executor(tmp_path: Path, **params) -> submitit.AutoExecutor:
     """A SLURM executor running jobs with this interpreter (the venv's) and logs under ``tmp_path``."""
     ex = submitit.AutoExecutor(folder=tmp_path / "logs" / "%j", cluster="slurm")
     # timeout_min >= 50: an interruption counts as a preemption, not as one of max_num_timeout timeouts
-    ex.update_parameters(timeout_min=60, cpus_per_task=1, **params)
+    ex.update_parameters(**{"timeout_min": 60, "cpus_per_task": 1, **params})
     return ex
 
 
@@ -156,11 +156,13 @@ def test_two_task_job_sees_ranks_0_and_1(tmp_path):
 @slurm
 @uses_cluster
 def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
-    """External ``scontrol requeue`` then submitit's preemption signal: the run ends with every step
-    and with the replay it had at the checkpoint it resumed from."""
+    """External ``scontrol requeue`` then submitit's preemption signal, with collector worker processes:
+    the run ends with every step and with the replay it had at the checkpoints it resumed from."""
     run_dir, total, capacity = tmp_path / "run", 3000, 4096
-    overrides = TINY + [f"total_frames={total}", f"replay.capacity={capacity}", "log.checkpoint_interval=32", f"run_dir={run_dir}"]
-    job = executor(tmp_path).submit(RecipeJob(), RECIPE, overrides)
+    # two collector worker processes: they must survive the signals SLURM and submitit send to the job
+    overrides = TINY + ["collector.workers=2", f"total_frames={total}", f"replay.capacity={capacity}",
+                        "log.checkpoint_interval=32", f"run_dir={run_dir}"]
+    job = executor(tmp_path, cpus_per_task=2).submit(RecipeJob(), RECIPE, overrides)
 
     wait_until(lambda: (read_counters(run_dir) or {}).get("env_steps", 0) >= 64, "a first checkpoint", job)
     before_requeue = snapshot_checkpoint(run_dir, tmp_path / "ckpt0")

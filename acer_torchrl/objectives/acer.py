@@ -467,7 +467,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "collector.workers": 2,
         "collector.frames_per_batch": 64,
         "replay.seq_len": 16,
-        "replay.batch_size": 16,
+        "replay.batch_size": 32,  # 512 steps a step: 16 sequences reached 475 in fewer seeds (noisier)
         "replay.capacity": 50_000,
         "replay.min_size": 1_000,
         "optim.lr": 5e-4,
