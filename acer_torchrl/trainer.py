@@ -115,6 +115,8 @@ class Trainer:
             "loss": self.loss.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            # a target network's copy schedule (TorchRL's HardUpdate counts its steps) survives a restart
+            "updater_counters": [int(getattr(u, "counter", 0)) for u in self.agent.updaters],
         }
 
     def _resume(self) -> None:
@@ -128,6 +130,9 @@ class Trainer:
                 f"{str(err).splitlines()[0]})"
             ) from None
         torch.set_rng_state(state["torch_rng"])
+        for updater, count in zip(self.agent.updaters, state.get("updater_counters", [])):
+            if hasattr(updater, "counter"):
+                updater.counter = count
         self.counters = Counters(**counters)
         self.counters.restarts += 1
         if self.counters.rng:

@@ -62,10 +62,17 @@ def plot(results: list[dict], path: Path, title: str, threshold: float | None) -
         interp = np.array([np.interp(grid, *zip(*c)) for c in curves])
         ax.plot(grid, interp.mean(0), color="tab:blue", lw=2, label=f"mean of {len(curves)} seeds")
         ax.fill_between(grid, interp.min(0), interp.max(0), color="tab:blue", alpha=0.15, label="min-max")
+    finish_plot(fig, ax, path, title, threshold, "env steps", "greedy evaluation return")
+
+
+def finish_plot(fig, ax, path: Path, title: str, threshold: float | None, xlabel: str, ylabel: str) -> None:
+    """Threshold line, labels, legend and grid; save ``fig`` to ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
     if threshold is not None:
         ax.axhline(threshold, color="k", ls="--", lw=1, label=f"threshold {threshold:g}")
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("greedy evaluation return")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()
     ax.grid(alpha=0.3)

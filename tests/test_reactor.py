@@ -494,3 +494,18 @@ def test_reactor_learns_cartpole(tmp_path):
     column = header.split(",").index("eval_return_mean")
     evals = [float(row.split(",")[column]) for row in rows if row.split(",")[column]]
     assert max(evals) >= 150, (evals, summary)
+
+
+def test_resumed_run_keeps_the_target_copy_schedule(tmp_path):
+    """The HardUpdate step counter is checkpointed: after resume= the next target copy comes on time."""
+    from acer_torchrl.cli import run
+    from acer_torchrl.trainer import Trainer
+
+    tiny = ["collector.workers=0", "collector.frames_per_batch=32", "replay.min_size=64", "replay.batch_size=4",
+            "eval.episodes=1", "eval.max_steps=20", "eval.interval=100000", "log.progress=false", "network.lstm=false",
+            "reactor.target_update=7", "reactor.updates_per_batch=1"]
+    summary = run("reactor", [*tiny, "total_frames=160", f"run_dir={tmp_path}"])
+    assert summary["updates"] % 7 != 0, "pick sizes whose update count is not a multiple of the period"
+    resumed = Trainer(load_config("reactor", [f"resume={tmp_path}", "total_frames=192"]))
+    [updater] = resumed.agent.updaters
+    assert updater.counter == summary["updates"] % 7
