@@ -528,11 +528,12 @@ def test_built_agent_trains_every_network_on_acted_sequences(lstm):
 @pytest.mark.slow
 @pytest.mark.learning
 def test_cartpole_learns(tmp_path):
-    """Discrete ACER, preset=cartpole, 15k env steps (~20 s on 2 quiet cores): the greedy return climbs far
-    above random (~22); 6 runs of this preset (seeds 0-4 and this test) scored 285-412 there."""
+    """Discrete ACER, preset=cartpole, 20k env steps (~50 s on 2 quiet cores): the greedy return climbs far
+    above random (~22). In the 5-seed benchmark (results/learning.md) every greedy evaluation after 12.5k
+    steps scored >= 139."""
     from acer_torchrl.cli import run
 
-    summary = run("acer", ["preset=cartpole", "total_frames=15360", "eval.interval=1000000", "eval.episodes=5",
+    summary = run("acer", ["preset=cartpole", "total_frames=20480", "eval.interval=1000000", "eval.episodes=5",
                            f"run_dir={tmp_path}", "log.progress=false"])
-    assert summary["env_steps"] >= 15_360
-    assert summary["eval_return_mean"] >= 150, summary
+    assert summary["env_steps"] >= 20_480
+    assert summary["eval_return_mean"] >= 100, summary
