@@ -38,6 +38,12 @@ class Agent:
         return [k for t in self.torsos for k in t.hidden_keys]
 
     @property
+    def activation_keys(self) -> list[str]:
+        """Features the acting policy writes into every step on its way to the action (``"embed"``,
+        ``"core"``): every loss recomputes them from the observation, so the replay does not store them."""
+        return [k for k in self.policy.out_keys if isinstance(k, str) and k != "action"]
+
+    @property
     def env_transforms(self) -> list[Transform]:
         """Primers declaring the recurrent state keys to the env (fresh copies for each env)."""
         return [p.clone() for t in self.torsos for p in t.primers]

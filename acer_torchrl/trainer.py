@@ -292,7 +292,7 @@ class Trainer:
         done = batch.get(("next", "done"))
         returns += batch.get(("next", "episode_reward"))[done].tolist()
         c.episodes += int(done.sum())
-        slots = self.replay.extend(batch)
+        slots = self.replay.extend(batch.exclude(*self.agent.activation_keys))
         self.loss.after_extend(batch, slots, self.replay)
         self.online.push(batch)
         for share in self.loss.update_plan(self.rng):

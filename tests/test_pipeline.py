@@ -89,6 +89,24 @@ def test_end_to_end_run_leaves_the_run_directory_contract(tmp_path, probe_regist
     assert "loss_probe" in rows[0] and "eval_return_mean" in rows[0]
 
 
+@pytest.mark.parametrize("lstm", [False, True])
+def test_replay_keeps_behaviour_statistics_but_not_the_policy_activations(tmp_path, probe_registered, lstm):
+    from acer_torchrl.config import load_config
+    from acer_torchrl.trainer import Trainer
+
+    trainer = Trainer(load_config("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0",
+                                            f"network.lstm={str(lstm).lower()}", "network.lstm_hidden=8", *FAST]))
+    trainer.train()
+    assert trainer.agent.activation_keys == (["embed", "core"] if lstm else ["core"])
+    stored = trainer.replay.gather(trainer.replay.alive.nonzero().squeeze(-1))
+    assert len(stored) == 64
+    assert not {"embed", "core"} & set(stored.keys()), "activations are recomputed by every loss, never stored"
+    for key in ("observation", "action", ("behaviour", "logits"), ("behaviour", "log_prob"), ("next", "reward")):
+        assert key in stored.keys(True)
+    if lstm:
+        assert "recurrent_state_h" in stored.keys() and ("next", "recurrent_state_h") in stored.keys(True)
+
+
 def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_registered):
     """SIGKILL a run after its first checkpoint; resume=<run_dir> continues from that checkpoint."""
     code = ("import sys; from acer_torchrl import algorithms, cli; algorithms.REGISTRY['probe'] = 'test_pipeline'; "
