@@ -20,57 +20,17 @@ from torchrl.objectives import SoftUpdate
 
 from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.objectives.acer import ACERLoss, SDNAdvantage
+from windows import layout, padded_window
 
 GAMMA = 0.9
 B, T = 4, 6
 
 
 # ---------------------------------------------------------------------------------------------- data
-def layout():
-    """Episode flags of a [B, T] batch: row 0 terminates mid-window (a new episode follows), row 1 is
-    truncated mid-window, row 2 ends (not done) before padding, row 3 is truncated right before padding."""
-    terminated = torch.zeros(B, T, 1, dtype=torch.bool)
-    truncated = torch.zeros(B, T, 1, dtype=torch.bool)
-    mask = torch.ones(B, T, 1, dtype=torch.bool)
-    terminated[0, 2] = True
-    truncated[1, 3] = True
-    mask[2, 4:] = False
-    truncated[3, 2] = True
-    mask[3, 3:] = False
-    return terminated, truncated, mask
-
-
 def make_batch(obs_dim: int, action, behaviour: dict, seed: int = 0) -> TensorDict:
-    """A batch whose ("next", "observation") equals the next row's observation inside an episode and
-    whose padding rows repeat the last real step, as the replay writes them."""
+    """A window of ``windows.padded_window`` with the given actions and behaviour statistics."""
     g = torch.Generator().manual_seed(seed)
-    terminated, truncated, mask = layout()
-    done = terminated | truncated
-    obs = torch.randn(B, T, obs_dim, generator=g, dtype=torch.float64)
-    next_obs = torch.randn(B, T, obs_dim, generator=g, dtype=torch.float64)
-    continues = (~done[:, :-1]) & mask[:, 1:]
-    next_obs[:, :-1] = torch.where(continues, obs[:, 1:], next_obs[:, :-1])
-    td = TensorDict(
-        {
-            "observation": obs,
-            "action": action,
-            **behaviour,
-            "mask": mask.squeeze(-1),
-            "next": {
-                "observation": next_obs,
-                "reward": torch.randn(B, T, 1, generator=g, dtype=torch.float64),
-                "terminated": terminated,
-                "truncated": truncated,
-                "done": done,
-            },
-        },
-        batch_size=[B, T],
-    )
-    for b in range(B):  # padding repeats the episode's last stored step
-        real = int(mask[b].sum())
-        if real < T:
-            td[b, real:] = td[b, real - 1 : real].expand(T - real).clone()
-            td["mask"][b, real:] = False
+    td = padded_window(B, T, obs_dim, g, lambda obs: {"action": action, **behaviour})
     td["observation"].requires_grad_()  # the test networks read phi (and Q, V) from it
     return td
 
@@ -500,7 +460,7 @@ def test_built_agent_trains_every_network_on_acted_sequences(lstm):
         td[key] = torch.zeros(B, T, 1, 8)
     with torch.no_grad(), set_recurrent_mode(True):
         td = agent.policy(td)
-    terminated, truncated, mask = layout()
+    terminated, truncated, mask = layout(B, T)
     next_obs = torch.cat([obs[:, 1:], torch.randn(B, 1, 4)], 1)
     nxt = td.get("next", TensorDict({}, [B, T]))  # the LSTM wrote its next states there
     td["next"] = nxt.update({"observation": next_obs, "reward": torch.ones(B, T, 1), "terminated": terminated,

@@ -24,6 +24,7 @@ from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import learning_module, make_torso
 from acer_torchrl.objectives.laser import LASERLoss
+from windows import padded_window
 
 GAMMA, RHO_BAR, C_BAR = 0.9, 1.5, 1.0
 A, D = 3, 2  # discrete actions; continuous action dims
@@ -31,61 +32,17 @@ B, T = 5, 6
 
 
 # ---------------------------------------------------------------------------------------------- data
-def layout():
-    """Row 0 terminates at t=2 (a new episode follows), row 1 is truncated at t=3 (idem), row 2 ends (not
-    done) before padding from t=4, row 3 is truncated at t=2 right before padding, row 4 runs through."""
-    terminated = torch.zeros(B, T, 1, dtype=torch.bool)
-    truncated = torch.zeros(B, T, 1, dtype=torch.bool)
-    mask = torch.ones(B, T, 1, dtype=torch.bool)
-    terminated[0, 2] = True
-    truncated[1, 3] = True
-    mask[2, 4:] = False
-    truncated[3, 2] = True
-    mask[3, 3:] = False
-    return terminated, truncated, mask
-
-
 def make_batch(obs_dim: int, stats_fn, seed: int = 0, behaviour_noise: float = 1.0) -> TensorDict:
-    """``stats_fn(obs, noise, generator) -> (behaviour stats dict, action, behaviour log_prob)``.
-
-    Inside an episode ``("next", "observation")[t]`` is ``observation[t+1]``; after a done step the next
-    row is a new episode (``is_init``); padding rows repeat the episode's last step, as the replay does.
-    """
+    """A window of ``windows.padded_window`` acted on by a behaviour ``stats_fn(obs, noise, generator) ->
+    (behaviour stats dict, action, behaviour log_prob)``, ``noise`` scaling its off-policyness per step."""
     g = torch.Generator().manual_seed(seed)
-    terminated, truncated, mask = layout()
-    done = terminated | truncated
-    obs = torch.randn(B, T, obs_dim, generator=g, dtype=torch.float64)
-    next_obs = torch.randn(B, T, obs_dim, generator=g, dtype=torch.float64)
-    continues = (~done[:, :-1]) & mask[:, 1:]
-    next_obs[:, :-1] = torch.where(continues, obs[:, 1:], next_obs[:, :-1])
-    is_init = torch.zeros(B, T, 1, dtype=torch.bool)
-    is_init[:, 0] = True
-    is_init[:, 1:] = done[:, :-1] & mask[:, 1:]
-    noise = behaviour_noise * torch.rand(B, T, 1, generator=g, dtype=torch.float64)  # off-policyness per step
-    behaviour, action, log_mu = stats_fn(obs, noise, g)
-    td = TensorDict(
-        {
-            "observation": obs,
-            "action": action,
-            "is_init": is_init,
-            "behaviour": {**behaviour, "log_prob": log_mu},
-            "mask": mask.squeeze(-1),
-            "next": {
-                "observation": next_obs,
-                "reward": torch.randn(B, T, 1, generator=g, dtype=torch.float64),
-                "terminated": terminated,
-                "truncated": truncated,
-                "done": done,
-            },
-        },
-        batch_size=[B, T],
-    )
-    for b in range(B):  # padding repeats the episode's last stored step
-        real = int(mask[b].sum())
-        if real < T:
-            td[b, real:] = td[b, real - 1 : real].expand(T - real).clone()
-            td["mask"][b, real:] = False
-    return td
+
+    def behaviour(obs):
+        noise = behaviour_noise * torch.rand(*obs.shape[:2], 1, generator=g, dtype=torch.float64)
+        stats, action, log_mu = stats_fn(obs, noise, g)
+        return {"action": action, "behaviour": {**stats, "log_prob": log_mu}}
+
+    return padded_window(B, T, obs_dim, g, behaviour)
 
 
 def discrete_stats(obs, noise, g):
