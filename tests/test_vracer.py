@@ -326,6 +326,32 @@ def test_beta_follows_eq12_and_annealing_follows_eq13():
     assert float(refer_beta_update(0.5, 0.1, 0.1, 0.1)) == pytest.approx(0.55)
 
 
+@pytest.mark.parametrize("rule1, rule2", [(True, False), (False, True), (False, False)])
+def test_ablation_switches_each_rule_off(rule1, rule2):
+    """Rule 1 off: far samples keep their gradients; Rule 2 off: beta stays 1, so no penalty (sec. 5)."""
+    agent = make_agent(n_start=10)
+    agent.loss.refer.rule1, agent.loss.refer.rule2 = rule1, rule2
+    replay = EpisodeReplay(200, seed=0)
+    fill(agent, replay)
+    perturb(agent.loss.network, seed=5, scale=0.05)
+    sample = far_policy_sample(agent, replay)
+    sample["behaviour", "log_prob"][1] += 120.0 - 3.0  # a finite rho = e^3 (without Rule 1 inf would reach the loss)
+    agent.loss.refer.update_beta(torch.full((100,), 50.0))  # every stored step far-policy
+    assert float(agent.loss.refer.far_fraction) == 1.0
+    assert (float(agent.loss.refer.beta) == 1.0) == (not rule2)
+    obs = sample["observation"].clone().requires_grad_(True)
+    sample["observation"] = obs
+    out = agent.loss(sample)
+    (grad,) = torch.autograd.grad(out["loss_policy"] + out["loss_value"], obs, retain_graph=True)
+    assert torch.isfinite(grad).all() and (grad[4:].abs().sum(-1) > 0).all()
+    if rule1:
+        assert (grad[:4] == 0).all(), "Rule 1 zeroes the far-policy gradients"
+    else:
+        assert (grad[:4].abs().sum(-1) > 0).all(), "without Rule 1 far-policy samples keep their gradients"
+    if not rule2:
+        assert out["loss_kl"].item() == 0.0
+
+
 def test_beta_uses_the_far_fraction_of_the_whole_replay():
     agent = make_agent(n_start=10)
     replay = EpisodeReplay(200, seed=0)

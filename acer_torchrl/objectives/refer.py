@@ -50,11 +50,24 @@ class ReFER(nn.Module):
         D: tolerated far-policy fraction of the replay (eq. 12; paper: 0.1).
         lr: the optimiser's initial learning rate ``eta``, also the step of the ``beta`` update (eq. 12).
         beta: initial ``beta`` (1: the plain objective, no penalty).
+        rule1, rule2: switch each rule off for the paper's ablation (sec. 5, Fig. 4): without Rule 1 every
+            sample counts as near-policy; without Rule 2 ``beta`` stays 1 (no penalty). Both off is plain ER
+            (with ``c_max`` and the learning rate still annealed).
     """
 
-    def __init__(self, C: float = 4.0, A: float = 5e-7, D: float = 0.1, lr: float = 1e-4, beta: float = 1.0):
+    def __init__(
+        self,
+        C: float = 4.0,
+        A: float = 5e-7,
+        D: float = 0.1,
+        lr: float = 1e-4,
+        beta: float = 1.0,
+        rule1: bool = True,
+        rule2: bool = True,
+    ):
         super().__init__()
         self.C, self.A, self.D, self.lr = C, A, D, lr
+        self.rule1, self.rule2 = rule1, rule2
         self.register_buffer("beta", torch.tensor(float(beta)))
         self.register_buffer("steps", torch.tensor(0, dtype=torch.long))  # t: environment steps so far
         self.register_buffer("far_fraction", torch.tensor(0.0))  # n_far / N at the last beta update
@@ -76,7 +89,10 @@ class ReFER(nn.Module):
 
     # ------------------------------------------------------------------ Rules 1 and 2 (eq. 10-11)
     def near_policy(self, log_rho: Tensor) -> Tensor:
-        """Rule 1's classification: ``1/c_max < rho < c_max``, i.e. ``|log rho| < log c_max`` (bool)."""
+        """Rule 1's classification: ``1/c_max < rho < c_max``, i.e. ``|log rho| < log c_max`` (bool);
+        all True without Rule 1."""
+        if not self.rule1:
+            return torch.ones_like(log_rho, dtype=torch.bool)
         return log_rho.abs() < math.log(self.c_max)
 
     def far_share(self, rho: Tensor) -> Tensor:
@@ -105,7 +121,9 @@ class ReFER(nn.Module):
     @torch.no_grad()
     def update_beta(self, stored_rho: Tensor) -> None:
         """One step of eq. 12 from the far-policy fraction of ``stored_rho`` (the replay's latest weights),
-        with the annealed learning rate ``eta(t)`` as step size."""
+        with the annealed learning rate ``eta(t)`` as step size. Without Rule 2 ``beta`` stays 1."""
         self.far_fraction.copy_(self.far_share(stored_rho))
+        if not self.rule2:
+            return
         eta = self.lr * self.lr_scale
         self.beta.copy_(refer_beta_update(self.beta, self.far_fraction, self.D, eta))

@@ -65,6 +65,8 @@ class VRACERConfig:
     C: float = 4.0  # ReF-ER: c_max(t) = 1 + C / (1 + A t) (eq. 13)
     A: float = 5e-7  # ReF-ER: annealing of c_max and of the learning rate (eq. 13)
     D: float = 0.1  # ReF-ER: tolerated far-policy fraction of the replay (eq. 12)
+    rule1: bool = True  # ReF-ER Rule 1 (skip far-policy samples); false for the ablation of sec. 5
+    rule2: bool = True  # ReF-ER Rule 2 (KL penalty, beta of eq. 12); both false: plain ER
     steps_per_update: float = 1.0  # F: env steps per gradient step (App. A)
     init_std: float = 0.2  # initial policy std, in [-1, 1] action units (App. A)
     truncation: float = 3.0  # actions are drawn from the normal truncated at this many std (App. A)
@@ -307,6 +309,8 @@ class VRACERLoss(ReplayLoss):
         C: float = 4.0,
         A: float = 5e-7,
         D: float = 0.1,
+        rule1: bool = True,
+        rule2: bool = True,
         steps_per_update: float = 1.0,
         truncation: float = 3.0,
         reward_scale_interval: int = 1000,
@@ -315,7 +319,7 @@ class VRACERLoss(ReplayLoss):
         super().__init__()
         self.network = network
         self.normalizer = normalizer
-        self.refer = ReFER(C=C, A=A, D=D, lr=lr)
+        self.refer = ReFER(C=C, A=A, D=D, lr=lr, rule1=rule1, rule2=rule2)
         self.gamma = gamma
         self.n_start = n_start
         self.steps_per_update = steps_per_update
@@ -606,6 +610,8 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         C=algo.C,
         A=algo.A,
         D=algo.D,
+        rule1=algo.rule1,
+        rule2=algo.rule2,
         steps_per_update=algo.steps_per_update,
         truncation=algo.truncation,
         reward_scale_interval=algo.reward_scale_interval,
