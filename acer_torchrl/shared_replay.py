@@ -367,7 +367,6 @@ def run_sweep_rank(
         raise ConfigError("a sweep with one process per agent needs run_dir=<sweep dir> fixed for all of them")
     sweep_dir, cfgs = agent_configs(sweep, overrides)
     cfg = cfgs[rank]
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{port}", rank=rank, world_size=world_size)
     shared = None
     if rank == 0:
@@ -375,6 +374,8 @@ def run_sweep_rank(
         shared = _shared_storage(cfg, sweep_dir, world_size)
     handle = AgentReplay(shared if rank == 0 else RemoteReplay("agent0"), rank, world_size, owner=rank == 0)
     trainer = SweepAgentTrainer(cfg, handle)  # when resuming, rank 0 restores the replay before serving it
+    # this machine's cores are shared by every rank on it and their collector workers
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size - cfg.collector.workers))
     serve(shared)
     options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{master_addr}:{port + 1}", rpc_timeout=600)
     rpc.init_rpc(f"agent{rank}", rank=rank, world_size=world_size, rpc_backend_options=options)

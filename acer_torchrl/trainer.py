@@ -9,10 +9,11 @@ The workers keep collecting while the learner trains (``MultiAsyncCollector``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import copy
+import dataclasses
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def learner_threads(cfg: Config) -> int:
+    """``cfg.threads``, or (0) the cores the collector workers leave free, at least one."""
+    return cfg.threads or max(1, (os.cpu_count() or 1) - cfg.collector.workers)
+
+
 def default_run_dir(cfg: Config) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{cfg.loss}-{cfg.env.name.replace('/', '_')}-s{cfg.seed}-{stamp}"
@@ -82,6 +88,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cfg.run_dir = str(self.run_dir)
         self.device = resolve_device(cfg.device)
+        torch.set_num_threads(learner_threads(cfg))
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
         self.info = env_info(cfg.env)

@@ -146,11 +146,7 @@ def ours(name: str, x: dict):
 
 
 def torch_loop(name: str, x: dict):
-    saved, F.SCAN_MIN_T = F.SCAN_MIN_T, 1 << 30
-    try:
-        return ours(name, x)
-    finally:
-        F.SCAN_MIN_T = saved
+    return torch_loop_of(lambda: ours(name, x))
 
 
 def torchrl_vtrace(x: dict):
@@ -235,6 +231,92 @@ def bench_size(B: int, T: int, repeats: int, plain_budget: float) -> list[dict]:
             flush=True,
         )
     return rows
+
+
+# ------------------------------------------------------ V-RACER V^tbc write-back
+
+
+def vtbc_replay(B: int, T: int):
+    """A V-RACER loss and a replay of B episodes of T steps (the last step terminated in even rows,
+    truncated in odd ones) holding ``make_inputs``' values, rho and rewards as V-RACER's stored estimates."""
+    from tensordict import TensorDict
+
+    from acer_torchrl.config import load_config
+    from acer_torchrl.envs import env_info
+    from acer_torchrl.objectives.vracer import NEXT_VALUE, QRET, RHO, VALUE, VTBC, build
+    from acer_torchrl.replay import TRAJ_KEY, EpisodeReplay
+
+    cfg = load_config("vracer", ["preset=pendulum"])
+    loss = build(cfg, env_info(cfg.env)).loss
+    x = make_inputs(B, T)
+    done = torch.zeros(B, T, 1, dtype=torch.bool)
+    done[:, -1] = True
+    terminated = done & (torch.arange(B) % 2 == 0).view(B, 1, 1)
+    stored = {VALUE: x["state_value"], RHO: x["log_rho"].exp(), NEXT_VALUE: x["next_state_value"],
+              VTBC: torch.zeros(B, T, 1), QRET: torch.zeros(B, T, 1)}
+    batch = TensorDict({TRAJ_KEY: torch.arange(B).unsqueeze(-1).expand(B, T),
+                        "next": {"done": done, "terminated": terminated, "reward": x["reward"]},
+                        loss.tensor_keys.stored: stored}, batch_size=[B, T])
+    replay = EpisodeReplay(B * T)
+    replay.extend(batch)
+    return loss, replay, torch.arange(B * T)
+
+
+def plain_vtbc_write_back(loss, replay, slots: torch.Tensor) -> None:
+    """V-RACER eq. 8, V^tbc_t = V_t + min(1, rho_t) [r_{t+1} + gamma V^tbc_{t+1} - V_t], step by step over
+    each episode's stored values (Python floats), then written back into the replay."""
+    from tensordict import TensorDict
+
+    key = loss.tensor_keys.stored
+    value, rho, next_value = (replay.column((key, k), alive_only=False)[slots, 0].tolist() for k in ("value", "rho", "next_value"))
+    reward = replay.column(("next", "reward"), alive_only=False)[slots, 0].tolist()
+    terminated = replay.column(("next", "terminated"), alive_only=False)[slots, 0].tolist()
+    nxt = replay.next[slots].tolist()
+    scale = float(loss.reward_scale) + loss.epsilon
+    index = {s: i for i, s in enumerate(slots.tolist())}
+    vtbc = [0.0] * len(value)
+    for i in reversed(range(len(value))):  # slots are stored episode after episode, in time order
+        after = 0.0 if terminated[i] else next_value[i]
+        if nxt[i] >= 0:
+            after = vtbc[index[nxt[i]]]
+        vtbc[i] = value[i] + min(1.0, rho[i]) * (reward[i] / scale + loss.gamma * after - value[i])
+    replay.update(slots, TensorDict({key: {"vtbc": torch.tensor(vtbc).unsqueeze(-1)}}, batch_size=[len(vtbc)]))
+
+
+def bench_vtbc(B: int, T: int, repeats: int) -> dict:
+    """The write-back of :meth:`VRACERLoss.retrace_episodes` over a whole replay (gathers, eq. 8 as V-trace
+    with rho_bar = c_bar = 1, scatter back) against :func:`plain_vtbc_write_back`."""
+    loss, replay, slots = vtbc_replay(B, T)
+    stored = (loss.tensor_keys.stored, "vtbc")
+    fns = {"ours": lambda: loss.retrace_episodes(replay, slots),
+           "torch_loop": lambda: torch_loop_of(lambda: loss.retrace_episodes(replay, slots))}
+    times = {k: [] for k in fns}
+    for fn in fns.values():  # warm-up (builds the replay's episode order once, as after each extend)
+        fn()
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            times[k].append(timed(fn)[0])
+    ours_vtbc = replay.column(stored, alive_only=False).clone()
+    plain_s, _ = timed(lambda: plain_vtbc_write_back(loss, replay, slots))
+    diff = (replay.column(stored, alive_only=False) - ours_vtbc).abs().max().item()
+    row = dict(B=B, T=T, estimator="vtbc write-back")
+    for k, ts in times.items():
+        row[f"{k}_ms"] = 1e3 * statistics.median(ts)
+        row[f"{k}_min_ms"] = 1e3 * min(ts)
+    row.update(torchrl_ms="", torchrl_min_ms="", plain_ms=1e3 * plain_s, plain_scaled_from_B="")
+    row.update(speedup_vs_plain=row["plain_ms"] / row["ours_ms"], speedup_vs_torch_loop=row["torch_loop_ms"] / row["ours_ms"],
+               speedup_vs_torchrl="", speedup_vs_torchrl_min="", diff_vs_plain=diff, diff_vs_torch_loop="", diff_vs_torchrl="")
+    print(f"[{B:>3}, {T:>4}] vtbc write-back   ours {row['ours_ms']:8.3f} ms | torch loop {row['torch_loop_ms']:8.3f} "
+          f"| plain {row['plain_ms']:10.1f}", flush=True)
+    return row
+
+
+def torch_loop_of(fn):
+    saved, F.SCAN_MIN_T = F.SCAN_MIN_T, 1 << 30
+    try:
+        return fn()
+    finally:
+        F.SCAN_MIN_T = saved
 
 
 def cpu_model() -> str:
@@ -374,6 +456,8 @@ def main() -> None:
     rows = []
     for B, T in SIZES:
         rows += bench_size(B, T, args.repeats, args.plain_budget)
+        if (B, T) != (256, 1000):  # the sizes the write-back is asked for (V-RACER episodes: up to 1000 steps)
+            rows.append(bench_vtbc(B, T, args.repeats))
     meta = dict(
         command="benchmarks/estimators.py " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"

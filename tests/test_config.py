@@ -32,6 +32,7 @@ def test_overrides_are_typed_and_nested():
         ("gamma=1.5", "gamma must be in (0, 1]"),
         ("seed", "expected key=value"),
         ("reactor.tau=3", "belongs to loss=reactor but this run uses loss=acer"),
+        ("threads=-1", "threads must be >= 0"),
     ],
 )
 def test_bad_values_raise_one_clear_line(override, fragment):
@@ -39,6 +40,15 @@ def test_bad_values_raise_one_clear_line(override, fragment):
         load_config("acer", [override])
     message = str(err.value)
     assert fragment in message and "\n" not in message
+
+
+def test_learner_threads_leave_the_collector_workers_their_cores(monkeypatch):
+    from acer_torchrl.trainer import learner_threads
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert learner_threads(load_config("acer", ["collector.workers=2"])) == 6
+    assert learner_threads(load_config("acer", ["collector.workers=8"])) == 1
+    assert learner_threads(load_config("acer", ["collector.workers=8", "threads=3"])) == 3
 
 
 def test_yaml_round_trip(tmp_path):
