@@ -157,7 +157,7 @@ def wait_and_report(jobs: list, runs: list[dict]) -> int:
     failed = 0
     for job, run in zip(jobs, runs):
         try:
-            summary = job.result()
+            summary = job.results()[0]  # a multi-task job (laser_sweep): rank 0 reports
         except (FailedJobError, UncompletedJobError) as err:
             failed += 1
             print(f"job {job.job_id} ({run['name']}) FAILED: {error_line(err)}; log {job.paths.stderr}")

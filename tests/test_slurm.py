@@ -213,6 +213,7 @@ def test_shared_replay_sweep_job_resumes_after_requeue(tmp_path):
     for agent in summary["agents"]:
         assert min(agent["replayed_share_by_agent"]) > 0, "each agent samples the other's data"
     assert json.loads((sweep_dir / "summary.json").read_text())["env_steps_total"] == 2 * total
+    assert load_submit().wait_and_report([job], [{"name": "sweep"}]) == 0  # what --wait prints
 
 
 @slurm
