@@ -481,8 +481,8 @@ def test_pomdp_preset_runs_with_three_lstms(tmp_path, recurrent_state):
 @pytest.mark.slow
 @pytest.mark.learning
 def test_reactor_learns_cartpole(tmp_path):
-    """preset=cartpole (replay-only beta-LOO, memorised mu): a random policy scores ~20; two seeds reached
-    a greedy 500 after 20k-25k env steps."""
+    """preset=cartpole (replay-only beta-LOO, learned mu-hat): a random policy scores ~20; in the 5-seed
+    benchmark every seed's best greedy evaluation within 25k env steps was >= 358."""
     from acer_torchrl.cli import run
 
     summary = run(
