@@ -158,10 +158,10 @@ def test_two_task_job_sees_ranks_0_and_1(tmp_path):
 def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     """External ``scontrol requeue`` then submitit's preemption signal, with collector worker processes:
     the run ends with every step and with the replay it had at the checkpoints it resumed from."""
-    run_dir, total, capacity = tmp_path / "run", 3000, 4096
+    run_dir, total, capacity = tmp_path / "run", 20000, 20480
     # two collector worker processes: they must survive the signals SLURM and submitit send to the job
     overrides = TINY + ["collector.workers=2", f"total_frames={total}", f"replay.capacity={capacity}",
-                        "log.checkpoint_interval=32", f"run_dir={run_dir}"]
+                        "log.checkpoint_interval=256", f"run_dir={run_dir}"]
     job = executor(tmp_path, cpus_per_task=2).submit(RecipeJob(), RECIPE, overrides)
 
     wait_until(lambda: (read_counters(run_dir) or {}).get("env_steps", 0) >= 64, "a first checkpoint", job)
