@@ -46,7 +46,6 @@ class EpisodeReplay:
     Args:
         capacity: steps held.
         scratch_dir: when given, memory-mapped storage in that directory (RAM stays small for Atari).
-        exclude_keys: keys of collected steps not worth storing.
         seed: sampling seed.
     """
 
@@ -55,7 +54,6 @@ class EpisodeReplay:
         capacity: int,
         *,
         scratch_dir: str | Path | None = None,
-        exclude_keys: tuple = (),
         seed: int = 0,
     ):
         self.capacity = capacity
@@ -65,7 +63,6 @@ class EpisodeReplay:
             else LazyTensorStorage(capacity)
         )
         self.buffer = TensorDictReplayBuffer(storage=storage)
-        self.exclude_keys = tuple(exclude_keys)
         self.generator = torch.Generator().manual_seed(seed)
         long = dict(dtype=torch.long)
         self.episode = torch.full((capacity,), -1, **long)  # episode id of each slot
@@ -93,7 +90,7 @@ class EpisodeReplay:
         rows = as_rows(batch)
         traj = rows.get(TRAJ_KEY)
         done = rows.get(("next", "done")).reshape(traj.shape)
-        flat = rows.exclude(*self.exclude_keys).reshape(-1)
+        flat = rows.reshape(-1)
         n_rows, T = traj.shape
         if flat.numel() > self.capacity:
             raise ValueError(f"a collected batch of {flat.numel()} steps exceeds replay.capacity={self.capacity}")
