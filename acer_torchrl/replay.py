@@ -23,7 +23,7 @@ from collections import deque
 from pathlib import Path
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
 
@@ -167,9 +167,14 @@ class EpisodeReplay:
             idx[:, j] = torch.where(mask[:, j], nxt, idx[:, j - 1])
         return idx, mask
 
-    def gather(self, idx: torch.Tensor) -> TensorDictBase:
-        """Stored steps at slots ``idx`` (any shape), with their slot numbers under ``"slot"``."""
-        data = self.buffer.storage.get(idx.reshape(-1)).reshape(idx.shape)
+    def gather(self, idx: torch.Tensor, keys: list[NestedKey] | None = None) -> TensorDictBase:
+        """Stored steps at slots ``idx`` (any shape), with their slot numbers under ``"slot"``; only
+        ``keys`` (those stored) when given: indexing costs time per stored key."""
+        if keys is None:
+            data = self.buffer.storage.get(idx.reshape(-1))
+        else:
+            data = self.buffer.storage._storage.select(*keys, strict=False)[idx.reshape(-1)]
+        data = data.reshape(idx.shape)
         data.set(SLOT_KEY, idx)
         return data
 
@@ -180,9 +185,10 @@ class EpisodeReplay:
         data.set(MASK_KEY, mask)
         return data
 
-    def sample_steps(self, batch_size: int) -> TensorDictBase:
-        """``[batch_size]`` single steps drawn uniformly (V-RACER's single-step replay)."""
-        return self.gather(self._sample_starts(batch_size))
+    def sample_steps(self, batch_size: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
+        """``[batch_size]`` single steps drawn uniformly (V-RACER's single-step replay); only ``keys`` when
+        given."""
+        return self.gather(self._sample_starts(batch_size), keys)
 
     def episode_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """All stored steps of the episodes of ``slots``: ``[N, L]`` slots (from each episode's first

@@ -37,13 +37,14 @@ from typing import Any
 
 import submitit
 import torch
-from tensordict import TensorDictBase
+from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from acer_torchrl.config import Config, ConfigError, _coerce, dump_yaml, load_config, parse_overrides
 from acer_torchrl.replay import SLOT_KEY, TRAJ_KEY, EpisodeReplay, refresh_from_prefix
 from acer_torchrl.trainer import Trainer
 
+SAMPLED_FILE = "sampled_by_agent.json"  # an agent's replayed-step counts per source agent, in its checkpoint
 AGENT_KEY = "agent_id"  # int64 [..., 1]: the sweep agent whose behaviour policy produced the step
 
 
@@ -85,9 +86,9 @@ class SharedReplay:
         with self.lock:
             return self.replay.sample_sequences(batch_size, seq_len)
 
-    def sample_steps(self, batch_size: int) -> TensorDictBase:
+    def sample_steps(self, batch_size: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
         with self.lock:
-            return self.replay.sample_steps(batch_size)
+            return self.replay.sample_steps(batch_size, keys)
 
     def recurrent_prefix(self, starts: torch.Tensor, hidden_keys: list[str]):
         with self.lock:
@@ -183,8 +184,8 @@ class AgentReplay:
     def sample_sequences(self, batch_size: int, seq_len: int) -> TensorDictBase:
         return self._count(self.shared.sample_sequences(batch_size, seq_len))
 
-    def sample_steps(self, batch_size: int) -> TensorDictBase:
-        return self._count(self.shared.sample_steps(batch_size))
+    def sample_steps(self, batch_size: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
+        return self._count(self.shared.sample_steps(batch_size, keys if keys is None else [*keys, AGENT_KEY]))
 
     def refresh_recurrent_state(
         self, sample: TensorDictBase, unroll: TensorDictModuleBase, hidden_keys: list[str]
@@ -203,16 +204,21 @@ class AgentReplay:
         return self.shared.column(key, alive_only)
 
     def save(self, path: Path) -> None:
+        """The shared replay (owner only) and this agent's ``sampled`` counts (every agent)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         if self.owner:
             self.shared.save(path)
         else:
             (path / "shared.json").write_text(json.dumps({"agent_id": self.agent_id, "stored_by": "agent 0"}))
+        (path / SAMPLED_FILE).write_text(json.dumps(self.sampled.tolist()))
 
     def load(self, path: Path) -> None:
+        path = Path(path)
         if self.owner:
-            self.shared.load(Path(path))
+            self.shared.load(path)
+        if (path / SAMPLED_FILE).exists():
+            self.sampled = torch.tensor(json.loads((path / SAMPLED_FILE).read_text()), dtype=torch.long)
 
 
 class SweepAgentTrainer(Trainer):

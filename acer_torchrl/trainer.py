@@ -169,7 +169,7 @@ class Trainer:
         if n_online:
             parts.append(self.online.take(n_online).to(self.device))
         if seq_len == 1 and not n_online:
-            return self.replay.sample_steps(cfg.batch_size)
+            return self.replay.sample_steps(cfg.batch_size, self.loss.in_keys)
         replayed = self.replay.sample_sequences(cfg.batch_size - n_online, seq_len).to(self.device)
         if self.agent.recurrent:
             if cfg.recurrent_state == "refresh":

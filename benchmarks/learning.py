@@ -1,6 +1,7 @@
 """Learning benchmark: several seeds of one recipe, a curve plot and a row in ``results/learning.md``.
 
     python benchmarks/learning.py <algo> <preset> --seeds 5 --frames 50000 --threshold 475 [--parallel 2] [key=value ...]
+    python benchmarks/learning.py <algo> <preset> ... --resume runs/benchmarks/<name>-<date>   # after a kill
 
 Each seed is a separate recipe run (``recipes/<algo>.py``) in its own process; ``--parallel`` of them at a
 time. Reads each run's ``summary.json`` and ``metrics.csv`` and records: env steps at which the greedy
@@ -27,14 +28,21 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extra: list[str]) -> dict:
-    cmd = [sys.executable, str(ROOT / "recipes" / f"{algo}.py"), f"preset={preset}", f"seed={seed}",
-           f"total_frames={frames}", f"run_dir={run_dir}", "log.progress=false", *extra]
+    """One seed's recipe run in ``run_dir``; a run already there is resumed from its checkpoint (or, when
+    it has finished, only read)."""
+    if (run_dir / "config.yaml").exists():
+        cmd = [f"resume={run_dir}", "log.progress=false"]
+    else:
+        cmd = [f"preset={preset}", f"seed={seed}", f"total_frames={frames}", f"run_dir={run_dir}",
+               "log.progress=false", *extra]
     log = run_dir.with_suffix(".log")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
-    if proc.returncode != 0:
-        return {"seed": seed, "failed": f"exit {proc.returncode}, see {log}"}
+    if not (run_dir / "summary.json").exists():
+        with log.open("a") as f:
+            proc = subprocess.run([sys.executable, str(ROOT / "recipes" / f"{algo}.py"), *cmd],
+                                  stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        if proc.returncode != 0:
+            return {"seed": seed, "failed": f"exit {proc.returncode}, see {log}"}
     summary = json.loads((run_dir / "summary.json").read_text())
     with (run_dir / "metrics.csv").open() as f:
         rows = [r for r in csv.DictReader(f) if r.get("eval_return_mean")]
@@ -91,13 +99,18 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--name", default=None, help="label of the row and file stem (default algo-preset)")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "benchmarks")
+    parser.add_argument("--resume", type=Path, default=None,
+                        help="a killed benchmark's directory (<runs>/<name>-<date>): finished seeds are read, "
+                             "the others resume from their checkpoints, missing ones start")
     args, extra = parser.parse_known_args()
     name = args.name or f"{args.algo}-{args.preset}"
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    bench_dir = args.resume or args.runs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.resume is not None and not args.resume.is_dir():
+        parser.error(f"--resume {args.resume}: no such benchmark directory")
     start = time.time()
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(
-            lambda s: run_seed(args.algo, args.preset, s, args.frames, args.runs / f"{name}-{stamp}" / f"seed{s}", extra),
+            lambda s: run_seed(args.algo, args.preset, s, args.frames, bench_dir / f"seed{s}", extra),
             range(args.seeds),
         ))
     elapsed = time.time() - start

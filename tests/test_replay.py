@@ -96,6 +96,16 @@ def test_single_steps_and_episode_slots():
         assert real.shape[0] == (7 if steps["observation"][b, 0] == 5 else 3)
 
 
+def test_steps_with_selected_keys_equal_the_full_steps():
+    rb = EpisodeReplay(100, seed=0)
+    rb.extend(make_rows([[(5, 0, 7, True), (6, 0, 3, False)]]))
+    steps = rb.sample_steps(32, keys=["observation", ("next", "reward"), "not_stored"])
+    assert set(steps.keys(True, True)) == {"observation", ("next", "reward"), "slot"}
+    full = rb.gather(steps["slot"])
+    assert torch.equal(steps["observation"], full["observation"])
+    assert torch.equal(steps["next", "reward"], full["next", "reward"])
+
+
 def test_update_writes_values_back_into_storage():
     rb = EpisodeReplay(50, seed=0)
     batch = make_rows([[(1, 0, 5, True)]])

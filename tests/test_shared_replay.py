@@ -100,15 +100,20 @@ def test_agent_ids_and_behaviour_stats_survive_the_shared_replay():
         shared.extend(agent_batch(2, [0], 0, 4, True), 2)
 
 
-def test_only_the_owner_persists_the_shared_replay(tmp_path):
+def test_only_the_owner_persists_the_shared_replay_every_agent_its_sample_counts(tmp_path):
     shared = SharedReplay(EpisodeReplay(1000, seed=0), n_agents=2)
     handles = [AgentReplay(shared, i, 2, owner=i == 0) for i in range(2)]
     fill(handles)
+    for handle in handles:
+        handle.sample_sequences(16, 4)
     handles[0].save(tmp_path / "a0")
     handles[1].save(tmp_path / "a1")
     assert (tmp_path / "a0" / "links.pt").is_file() and not (tmp_path / "a1" / "links.pt").exists()
     restored = SharedReplay(EpisodeReplay(1000, seed=0), n_agents=2)
-    AgentReplay(restored, 0, 2, owner=True).load(tmp_path / "a0")
+    again = [AgentReplay(restored, i, 2, owner=i == 0) for i in range(2)]
+    for i, handle in enumerate(again):
+        handle.load(tmp_path / f"a{i}")
+        assert torch.equal(handle.sampled, handles[i].sampled) and handle.sampled.sum() > 0
     assert restored.agent_counts() == [48, 48]
 
 

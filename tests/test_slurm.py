@@ -210,7 +210,7 @@ def test_shared_replay_sweep_job_resumes_after_requeue(tmp_path):
     summary = results[0]
     assert [a["env_steps"] for a in summary["agents"]] == [total, total]
     assert summary["shared_replay"]["stored_steps_by_agent"][0] > 128 and summary["shared_replay"]["stored_steps_by_agent"][1] > 128
-    # (cross-agent sampling is tested in test_shared_replay.py: the per-run sample counts restart at a resume)
+    # (cross-agent sampling and the checkpointed sample counts are tested in test_shared_replay.py)
     assert json.loads((sweep_dir / "summary.json").read_text())["env_steps_total"] == 2 * total
     assert load_submit().wait_and_report([job], [{"name": "sweep"}]) == 0  # what --wait prints
 

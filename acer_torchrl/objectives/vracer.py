@@ -8,7 +8,7 @@ state-independent diagonal std; training samples single time steps from the repl
   ``V(s_k)``, ``rho_k``, ``V^tbc_k`` and ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (under the ``"vracer"``
   columns, added to each collected batch by :meth:`VRACERLoss.preprocess`). A sampled step's gradient uses
   the stored ``V^tbc_k`` (value target, eq. 9) and ``Q^ret_k`` (eq. 5-6 with ``Q := V``); its fresh ``V``
-  and ``rho`` (and ``V(s_{k+1})`` when it is its episode's last stored step) are written back and
+  and ``rho`` (and ``V(s_{k+1})``, the bootstrap where it is its episode's last stored step) are written back and
   ``V^tbc`` (eq. 8) is recomputed for it and every earlier step of its episode
   (:meth:`VRACERLoss.after_update`). Terminal steps bootstrap on 0, a truncated (or still open) episode's
   last stored step on ``V(s_{T})``. When a chunk of an episode arrives, the same recursion runs over the
@@ -58,6 +58,7 @@ from acer_torchrl.replay import SLOT_KEY, EpisodeReplay
 
 STORED = "vracer"  # root of the per-step estimates kept in the replay
 VALUE, RHO, NEXT_VALUE, VTBC, QRET = "value", "rho", "next_value", "vtbc", "qret"
+_WRITTEN_BACK = {VALUE: "state_value", RHO: "rho", NEXT_VALUE: "next_state_value"}  # stored <- loss output
 
 
 @dataclass
@@ -357,7 +358,7 @@ class VRACERLoss(ReplayLoss):
     @property
     def out_keys(self) -> list[str]:
         return [
-            "loss_policy", "loss_value", "loss_kl", "rho", "state_value", "kl",
+            "loss_policy", "loss_value", "loss_kl", "rho", "state_value", "next_state_value", "kl",
             "far_batch", "far_fraction", "beta", "c_max", "reward_scale",
         ]
 
@@ -399,7 +400,11 @@ class VRACERLoss(ReplayLoss):
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         keys = self.tensor_keys
         mask = sequence_mask(td)
-        out, pi = self._evaluate(td)
+        # s_k and s_{k+1} in one network call: V(s_{k+1}) is written back with V(s_k) and rho_k (Algorithm 3)
+        both = torch.cat([td.select(*self.network.in_keys), td.get("next").select(*self.network.in_keys)], 0)
+        out_both, _ = self._evaluate(both)
+        out, next_value = out_both[: td.shape[0]], out_both.get(keys.value)[td.shape[0] :].detach()
+        pi = TruncatedGaussian(out.get(keys.loc), out.get(keys.scale), self.truncation)
         value = out.get(keys.value)
         log_rho = self._log_rho(td, pi)
         near = self.refer.near_policy(log_rho.detach())  # Rule 1 (eq. 10)
@@ -421,6 +426,7 @@ class VRACERLoss(ReplayLoss):
                 # per-step fresh estimates, written back by after_update (their means are logged)
                 "rho": log_rho.detach().exp(),
                 "state_value": value.detach(),
+                "next_state_value": next_value,
                 "kl": masked_mean(kl.detach(), mask),
                 "far_batch": masked_mean((~near).float(), mask),
                 "far_fraction": self.refer.far_fraction.clone(),
@@ -470,20 +476,16 @@ class VRACERLoss(ReplayLoss):
     def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay: EpisodeReplay) -> None:
         """Algorithm 3's write-back, the ``sigma_r`` refresh (Algorithm 1) and ReF-ER's ``beta`` (eq. 12).
 
-        The sampled steps get the fresh ``V(s_k)`` and ``rho_k`` of this update; those that are their
-        episode's last stored step also get a fresh ``V(s_{k+1})`` (the bootstrap of eq. 8 there)."""
+        The sampled steps get the fresh ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` of this update (the last
+        is used only at an episode's last stored step: the bootstrap of eq. 8 there)."""
         slots = sample.get(SLOT_KEY).reshape(-1).cpu()
         fresh = TensorDict(
-            {VALUE: output.get("state_value").reshape(-1, 1), RHO: output.get("rho").reshape(-1, 1)},
+            {name: output.get(out_key).reshape(-1, 1) for name, out_key in _WRITTEN_BACK.items()},
             batch_size=[slots.numel()],
         ).cpu()
         keep = replay.alive[slots]
         slots = slots[keep]
         replay.update(slots, self._as_stored(fresh[keep]))
-        ends = slots[replay.next[slots] < 0]
-        if ends.numel():
-            bootstrap = self._next_value(replay.gather(ends).to(self.reward_scale.device)).cpu()
-            replay.update(ends, self._as_stored(TensorDict({NEXT_VALUE: bootstrap}, batch_size=ends.shape)))
         self.retrace_episodes(replay, slots)
         self.updates += 1
         if int(self.updates) % self.reward_scale_interval == 0:
