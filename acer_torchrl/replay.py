@@ -170,13 +170,15 @@ class EpisodeReplay:
     def gather(self, idx: torch.Tensor, keys: list[NestedKey] | None = None) -> TensorDictBase:
         """Stored steps at slots ``idx`` (any shape), with their slot numbers under ``"slot"``; only
         ``keys`` (those stored) when given: indexing costs time per stored key."""
-        if keys is None:
-            data = self.buffer.storage.get(idx.reshape(-1))
-        else:
-            data = self.buffer.storage._storage.select(*keys, strict=False)[idx.reshape(-1)]
-        data = data.reshape(idx.shape)
+        data = self._index(idx.reshape(-1), keys).reshape(idx.shape)
         data.set(SLOT_KEY, idx)
         return data
+
+    def _index(self, flat_idx: torch.Tensor, keys: list[NestedKey] | None) -> TensorDictBase:
+        """Stored steps at 1-D ``flat_idx``; only ``keys`` (those stored) when given."""
+        if keys is None:
+            return self.buffer.storage.get(flat_idx)
+        return self.buffer.storage._storage.select(*keys, strict=False)[flat_idx]
 
     def sample_sequences(self, batch_size: int, seq_len: int) -> TensorDictBase:
         """``[batch_size, seq_len]`` sequences starting at uniformly drawn stored steps."""
@@ -248,8 +250,7 @@ class EpisodeReplay:
         for j in range(k_max - 1, 0, -1):  # walk back in time, vectorised over the batch
             prev = self.prev[idx[:, j]]
             idx[:, j - 1] = torch.where(prev >= 0, prev, idx[:, j])
-        prefix = self.buffer.storage.get(idx.reshape(-1)).reshape(idx.shape)
-        prefix = prefix.select("observation", *hidden_keys)
+        prefix = self._index(idx.reshape(-1), ["observation", *hidden_keys]).reshape(idx.shape)
         is_init = torch.zeros(starts.numel(), k_max, 1, dtype=torch.bool)
         first_col = (k_max - k).clamp(max=k_max - 1)
         is_init[torch.arange(starts.numel()), first_col] = True

@@ -365,9 +365,11 @@ class VRACERLoss(ReplayLoss):
     # ------------------------------------------------------------------ network evaluations
     def _evaluate(self, td: TensorDictBase) -> tuple[TensorDictBase, TruncatedGaussian]:
         """The network on a copy of ``td``'s observation keys; the policy ``pi`` it defines."""
-        keys = self.tensor_keys
         out = self.network(td.select(*self.network.in_keys))
-        return out, TruncatedGaussian(out.get(keys.loc), out.get(keys.scale), self.truncation)
+        return out, self._policy(out)
+
+    def _policy(self, out: TensorDictBase) -> TruncatedGaussian:
+        return TruncatedGaussian(out.get(self.tensor_keys.loc), out.get(self.tensor_keys.scale), self.truncation)
 
     def _log_rho(self, td: TensorDictBase, pi: TruncatedGaussian) -> torch.Tensor:
         """``log rho = log pi(a|s) - log mu(a|s)``, ``[*td.shape, 1]``."""
@@ -402,9 +404,9 @@ class VRACERLoss(ReplayLoss):
         mask = sequence_mask(td)
         # s_k and s_{k+1} in one network call: V(s_{k+1}) is written back with V(s_k) and rho_k (Algorithm 3)
         both = torch.cat([td.select(*self.network.in_keys), td.get("next").select(*self.network.in_keys)], 0)
-        out_both, _ = self._evaluate(both)
+        out_both = self.network(both)
         out, next_value = out_both[: td.shape[0]], out_both.get(keys.value)[td.shape[0] :].detach()
-        pi = TruncatedGaussian(out.get(keys.loc), out.get(keys.scale), self.truncation)
+        pi = self._policy(out)
         value = out.get(keys.value)
         log_rho = self._log_rho(td, pi)
         near = self.refer.near_policy(log_rho.detach())  # Rule 1 (eq. 10)
