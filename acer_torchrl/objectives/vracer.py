@@ -237,13 +237,16 @@ class EpisodeOrder:
         self.rank[self.slots] = torch.arange(self.slots.numel())
 
     def prefixes(self, slots: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """For the distinct episodes of ``slots`` (at ``positions`` in them): ``[E, L]`` slots of their steps
-        from the first on (rows past ``end`` repeat unrelated slots) and ``end`` ``[E]``, the position of the
-        latest of ``slots`` in each episode."""
+        """For the distinct episodes of ``slots`` (at ``positions`` in them): the slots of their steps from the
+        first up to the latest of ``slots``, one episode after the other, ``[N]`` (no padding: sampled steps
+        lie anywhere in episodes of very different lengths), and ``last`` ``[E]``, the index in that list of
+        each episode's last step."""
         starts, which = (self.rank[slots] - positions).unique(return_inverse=True)
-        end = torch.zeros_like(starts).scatter_reduce_(0, which, positions, "amax", include_self=False)
-        index = starts.unsqueeze(-1) + torch.arange(int(end.max()) + 1)
-        return self.slots[index.clamp_max(self.slots.numel() - 1)], end
+        length = torch.zeros_like(starts).scatter_reduce_(0, which, positions, "amax", include_self=False) + 1
+        last = length.cumsum(0) - 1
+        # list index i of episode e holds its step i - first_e, i.e. sorted slot starts_e + i - first_e
+        shift = torch.repeat_interleave(starts - (last + 1 - length), length)
+        return self.slots[torch.arange(int(last[-1]) + 1) + shift], last
 
 
 # ---------------------------------------------------------------------------------------------- loss
@@ -505,35 +508,30 @@ class VRACERLoss(ReplayLoss):
         ``V^tbc_t = V_t + min(1, rho_t) [r_{t+1} + gamma V^tbc_{t+1} - V_t]`` runs backwards from the step
         after the last given one: its stored ``V^tbc``, or for an episode's last stored step 0 when it is
         terminal and the stored ``V(s_{t+1})`` otherwise (truncated, or still being collected). It is
-        V-trace with ``rho_bar = c_bar = 1`` (IMPALA eq. 1; see ``functional.vtrace``), vectorised over the
-        ``[episodes, steps]`` layout of the replay's links. ``Q^ret_t = r_{t+1} + gamma V^tbc_{t+1}`` (eq. 6
+        V-trace with ``rho_bar = c_bar = 1`` (IMPALA eq. 1; see ``functional.vtrace``), run once along the
+        episodes' prefixes laid end to end (cut between episodes). ``Q^ret_t = r_{t+1} + gamma V^tbc_{t+1}`` (eq. 6
         with ``Q := V``) is stored beside it. Rewards are scaled by ``sigma_r`` (App. B).
         """
-        idx, end = self._episode_order(replay).prefixes(slots, replay.position[slots])  # [E, L], [E]
-        steps = torch.arange(idx.shape[1])
-        at_end = (steps == end.unsqueeze(-1)).unsqueeze(-1)  # [E, L, 1]
-        real = (steps <= end.unsqueeze(-1)).unsqueeze(-1)
-
+        idx, last = self._episode_order(replay).prefixes(slots, replay.position[slots])  # [N], [E]
         value, rho = _gather(replay, self._stored(VALUE), idx), _gather(replay, self._stored(RHO), idx)
         reward = _gather(replay, ("next", self.tensor_keys.reward), idx) / (float(self.reward_scale) + self.epsilon)
-        last = idx.gather(1, end.unsqueeze(-1))  # [E, 1]: slot of each episode's last recomputed step
-        successor = replay.next[last]
-        terminal = _gather(replay, ("next", self.tensor_keys.terminated), last)
+        last_slot = idx[last]
+        successor = replay.next[last_slot]
+        terminal = _gather(replay, ("next", self.tensor_keys.terminated), last_slot)
         bootstrap = torch.where(
             (successor >= 0).unsqueeze(-1),
             _gather(replay, self._stored(VTBC), successor.clamp_min(0)),
-            torch.where(terminal, 0.0, _gather(replay, self._stored(NEXT_VALUE), last)),
-        )  # [E, 1, 1]: V^tbc of the step after the last recomputed one
-        next_value = torch.where(at_end, bootstrap, torch.cat([value[:, 1:], value[:, -1:]], 1))
-        cut = at_end | ~real
+            torch.where(terminal, 0.0, _gather(replay, self._stored(NEXT_VALUE), last_slot)),
+        )  # [E, 1]: V^tbc of the step after each episode's last recomputed one
+        cut = torch.zeros_like(value, dtype=torch.bool).index_fill_(0, last, True)  # episodes end here
+        next_value = torch.cat([value[1:], value[-1:]]).index_copy_(0, last, bootstrap)
         v_tbc, _ = vtrace(
             self.gamma, reward, value, next_value, rho.log(), torch.zeros_like(cut), cut, rho_bar=1.0, c_bar=1.0
-        )
-        next_v_tbc = torch.where(cut, next_value, torch.cat([v_tbc[:, 1:], v_tbc[:, -1:]], 1))
+        )  # one time axis through all the episodes, cut between them
+        next_v_tbc = torch.cat([v_tbc[1:], v_tbc[-1:]]).index_copy_(0, last, bootstrap)
         q_ret = reward + self.gamma * next_v_tbc
-        rows = real.squeeze(-1)
-        update = TensorDict({VTBC: v_tbc[rows], QRET: q_ret[rows]}, batch_size=[int(rows.sum())])
-        replay.update(idx[rows], self._as_stored(update))
+        update = TensorDict({VTBC: v_tbc, QRET: q_ret}, batch_size=[idx.numel()])
+        replay.update(idx, self._as_stored(update))
 
     def _episode_order(self, replay: EpisodeReplay) -> EpisodeOrder:
         """The replay's alive steps grouped by episode, rebuilt when steps were added since the last call."""
