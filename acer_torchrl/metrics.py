@@ -23,10 +23,13 @@ class MetricsLog:
                 ) from None
             self.writer = SummaryWriter(str(run_dir / "tensorboard"))
 
-    def load_existing(self) -> None:
+    def load_existing(self, up_to_env_steps: int) -> None:
+        """Continue the rows of a resumed run. Rows logged after its checkpoint (``env_steps`` beyond
+        ``up_to_env_steps``) are dropped: the resumed run logs those steps again."""
         if self.path.is_file():
             with self.path.open() as f:
-                self.rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+                rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+            self.rows = [r for r in rows if r["env_steps"] <= up_to_env_steps]
 
     def row(self, env_steps: int, updates: int, wall_time_s: float, metrics: dict[str, float]) -> None:
         row = {"env_steps": env_steps, "updates": updates, "wall_time_s": round(wall_time_s, 3), **metrics}

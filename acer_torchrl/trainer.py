@@ -144,7 +144,7 @@ class Trainer:
         self.counters.restarts += 1
         if self.counters.rng:
             self.rng.bit_generator.state = self.counters.rng
-        self.log.load_existing()
+        self.log.load_existing(self.counters.env_steps)
         self.sync_acting_policy()
 
     def sync_acting_policy(self) -> None:

@@ -2,6 +2,7 @@
 real worker processes, run-directory contract, kill + resume without losing replay or step counts,
 corrupt checkpoints and bad input ending with one clear line."""
 
+import csv
 import json
 import os
 import signal
@@ -132,6 +133,14 @@ def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_regi
     before = EpisodeReplay(50_000)  # the default replay.capacity
     before.load(ckpt / "replay")
     assert saved["env_steps"] >= 256 and len(before) > 0
+    # a metrics row logged after that checkpoint, before the kill: the resumed run logs those steps again
+    metrics = tmp_path / "metrics.csv"
+    rows = list(csv.DictReader(metrics.open())) if metrics.exists() else []
+    columns = list(rows[0]) if rows else ["env_steps", "updates", "wall_time_s"]
+    with metrics.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows + [{"env_steps": saved["env_steps"] + 64, "updates": 0, "wall_time_s": 0}])
 
     # resuming rebuilds exactly that replay and those counters, then runs to the new total
     from acer_torchrl.config import load_config
@@ -139,12 +148,15 @@ def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_regi
 
     trainer = Trainer(load_config(None, [f"resume={tmp_path}", f"total_frames={saved['env_steps'] + 320}"]))
     assert trainer.counters.env_steps == saved["env_steps"] and trainer.counters.restarts == 1
+    assert [r["env_steps"] for r in trainer.log.rows] == [float(r["env_steps"]) for r in rows]
     assert trainer.replay.steps_written == before.steps_written and len(trainer.replay) == len(before)
     slots = before.alive.nonzero().squeeze(-1)
     assert torch.equal(trainer.replay.gather(slots)["observation"], before.gather(slots)["observation"])
     summary = trainer.train()
     assert summary["env_steps"] >= saved["env_steps"] + 320 and summary["restarts"] == 1
     assert summary["updates"] > saved["updates"]
+    logged = [float(r["env_steps"]) for r in csv.DictReader(metrics.open())]
+    assert logged == sorted(set(logged)) and logged[-1] >= saved["env_steps"] + 320, "one row per logged step"
 
 
 def test_corrupt_checkpoint_is_one_clear_error(tmp_path, probe_registered):
