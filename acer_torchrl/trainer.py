@@ -222,11 +222,16 @@ class Trainer:
         return make_env(one_game, seed=self.cfg.seed + 10_000 + c.restarts, extra_transforms=self.agent.env_transforms)
 
     def finish(self, eval_env) -> dict:
-        """Final greedy evaluation, log row, checkpoint, summary.json and learning curve; closes ``eval_env``."""
+        """Final greedy evaluation (the periodic one when it fell on the last step), log row, checkpoint,
+        summary.json and learning curve; closes ``eval_env``."""
         cfg, c = self.cfg, self.counters
-        mean, std = evaluate(cfg, self.acting, eval_env)
+        last = self.log.rows[-1] if self.log.rows else {}
+        if last.get("env_steps") == c.env_steps and "eval_return_mean" in last:
+            mean, std = last["eval_return_mean"], last["eval_return_std"]
+        else:
+            mean, std = evaluate(cfg, self.acting, eval_env)
+            self.log.row(c.env_steps, c.updates, c.wall_time_s, {"eval_return_mean": mean, "eval_return_std": std})
         eval_env.close()
-        self.log.row(c.env_steps, c.updates, c.wall_time_s, {"eval_return_mean": mean, "eval_return_std": std})
         self.checkpoint()
         summary = {
             "algorithm": cfg.loss,

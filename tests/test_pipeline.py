@@ -87,6 +87,8 @@ def test_end_to_end_run_leaves_the_run_directory_contract(tmp_path, probe_regist
         assert (tmp_path / name).is_file(), name
     rows = (tmp_path / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("env_steps,updates,wall_time_s") and len(rows) >= 3
+    steps = [float(r.split(",")[0]) for r in rows[1:]]
+    assert steps == sorted(set(steps)) and steps[-1] == summary["env_steps"], "the last evaluation is logged once"
     assert "loss_probe" in rows[0] and "eval_return_mean" in rows[0]
 
 
