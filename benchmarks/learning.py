@@ -122,7 +122,7 @@ def main() -> None:
     n_reached = sum(s is not None for s in reached)
     command = " ".join(["python benchmarks/learning.py", args.algo, args.preset, f"--seeds {args.seeds}",
                         f"--frames {args.frames}"] + ([f"--threshold {args.threshold:g}"] if args.threshold is not None else [])
-                       + [f"--parallel {args.parallel}"] + extra)
+                       + [f"--parallel {args.parallel}"] + ([f"--name {args.name}"] if args.name else []) + extra)
     row = {
         "name": name,
         "seeds": args.seeds,
