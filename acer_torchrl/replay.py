@@ -10,7 +10,11 @@ belongs to, its position in that episode and the slots of the previous / next st
 * the oldest episodes are evicted whole: when the writer overwrites any step of an episode, the episode's
   remaining steps stop being sampled at once (no half episodes are ever seen);
 * the recurrent state at a sequence's first step can be recomputed exactly by unrolling the *current*
-  network from its episode's first step (LASER App. A.2; :meth:`EpisodeReplay.refresh_recurrent_state`).
+  network from its episode's first step (LASER App. A.2; :meth:`EpisodeReplay.refresh_recurrent_state`);
+* an observation is stored once: ``("next", "observation")`` of a step is read from its successor's
+  ``"observation"``; only the last step of each collected chunk (an episode's end, or the newest step of a
+  trajectory still running) keeps its own next observation, in a small side storage (``episode_ends``).
+  An Atari frame thus costs one uint8 frame per step, not two.
 
 Loops here run over time (sequence length, episode prefix) or over the few trajectories of one collected
 batch, never over the elements of a training batch.
@@ -30,7 +34,8 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayB
 TRAJ_KEY = ("collector", "traj_ids")
 SLOT_KEY = "slot"  # storage slot of every sampled step
 MASK_KEY = "mask"  # False on padding steps past the end of a sequence's episode
-_LINKS = ("episode", "position", "prev", "next", "first", "alive")
+_LINKS = ("episode", "position", "prev", "next", "first", "alive", "end_entry")
+SUCCESSOR_KEYS = ("observation",)  # keys whose ("next", key) is the successor step's key: stored once
 
 
 def as_rows(batch: TensorDictBase) -> TensorDictBase:
@@ -57,12 +62,17 @@ class EpisodeReplay:
         seed: int = 0,
     ):
         self.capacity = capacity
-        storage = (
-            LazyMemmapStorage(capacity, scratch_dir=str(scratch_dir))
-            if scratch_dir is not None
-            else LazyTensorStorage(capacity)
-        )
-        self.buffer = TensorDictReplayBuffer(storage=storage)
+        def storage(subdir: str | None = None):
+            if scratch_dir is None:
+                return LazyTensorStorage(capacity)
+            return LazyMemmapStorage(capacity, scratch_dir=str(Path(scratch_dir, subdir) if subdir else scratch_dir))
+
+        self.buffer = TensorDictReplayBuffer(storage=storage())
+        # next observations of chunk ends, a ring written in slot order (its entries are only touched when
+        # written: far fewer than `capacity`, the memory-mapped file stays sparse)
+        self.episode_ends = storage("episode_ends")
+        self.end_entries_written = 0
+        self.successor_keys: tuple[str, ...] | None = None  # fixed by the first batch (or a loaded replay)
         self.generator = torch.Generator().manual_seed(seed)
         long = dict(dtype=torch.long)
         self.episode = torch.full((capacity,), -1, **long)  # episode id of each slot
@@ -71,6 +81,7 @@ class EpisodeReplay:
         self.next = torch.full((capacity,), -1, **long)
         self.first = torch.full((capacity,), -1, **long)  # slot of the episode's first stored step
         self.alive = torch.zeros(capacity, dtype=torch.bool)
+        self.end_entry = torch.full((capacity,), -1, **long)  # entry of `episode_ends` holding the slot's next obs
         self.episodes_started = 0
         self.steps_written = 0
         # trajectory id -> (episode id, slot of its last stored step, steps stored so far)
@@ -98,7 +109,10 @@ class EpisodeReplay:
         start = self.steps_written % self.capacity
         slots = (start + torch.arange(flat.numel())) % self.capacity
         self._evict(slots)
-        written = self.buffer.extend(flat)
+        if self.successor_keys is None:
+            stored = set(flat.keys(True))
+            self.successor_keys = tuple(k for k in SUCCESSOR_KEYS if k in stored and ("next", k) in stored)
+        written = self.buffer.extend(flat.exclude(*[("next", k) for k in self.successor_keys]))
         assert torch.equal(written.reshape(-1), slots), "replay writer is not round robin"
         self.steps_written += flat.numel()
 
@@ -135,8 +149,21 @@ class EpisodeReplay:
                 self._open.pop(tid, None)
             else:
                 self._open[tid] = (ep, int(chunk[-1]), count + n)
+        self._store_chunk_ends(flat, slots, torch.tensor(starts[1:]) - 1)
         self._alive_slots = None
         return slots
+
+    def _store_chunk_ends(self, flat: TensorDictBase, slots: torch.Tensor, ends: torch.Tensor) -> None:
+        """Keep the next observation of each chunk's last step (batch positions ``ends``): it has no
+        successor stored yet (a running trajectory), or never will (an episode's end)."""
+        self.end_entry[slots] = -1
+        if not self.successor_keys:
+            return
+        # the ring never overwrites a live entry: it advances at most once per step written
+        entries = (self.end_entries_written + torch.arange(ends.numel())) % self.capacity
+        self.episode_ends.set(entries, flat[ends].select(*[("next", k) for k in self.successor_keys]))
+        self.end_entry[slots[ends]] = entries
+        self.end_entries_written += ends.numel()
 
     def _evict(self, slots: torch.Tensor) -> None:
         """Kill every episode that has a step in ``slots`` (whole-episode FIFO eviction)."""
@@ -176,9 +203,26 @@ class EpisodeReplay:
 
     def _index(self, flat_idx: torch.Tensor, keys: list[NestedKey] | None) -> TensorDictBase:
         """Stored steps at 1-D ``flat_idx``; only ``keys`` (those stored) when given."""
+        rebuilt = [k for k in self.successor_keys or () if keys is None or ("next", k) in keys]
         if keys is None:
-            return self.buffer.storage.get(flat_idx)
-        return self.buffer.storage._storage.select(*keys, strict=False)[flat_idx]
+            data = self.buffer.storage.get(flat_idx)
+        else:
+            data = self.buffer.storage._storage.select(*keys, strict=False)[flat_idx]
+        for key in rebuilt:
+            data.set(("next", key), self._next_value(key, flat_idx))
+        return data
+
+    def _next_value(self, key: str, flat_idx: torch.Tensor) -> torch.Tensor:
+        """``("next", key)`` at stored steps: the successor's ``key``, or the chunk end's own copy."""
+        successor = self.next[flat_idx]
+        has_successor = successor >= 0
+        values = self.buffer.storage._storage.get(key)[torch.where(has_successor, successor, flat_idx)]
+        if not bool(has_successor.all()):
+            entry = self.end_entry[flat_idx[~has_successor]]
+            if bool((entry < 0).any()):
+                raise RuntimeError("replay: a step with neither a successor nor a stored next observation")
+            values[~has_successor] = self.episode_ends._storage.get(("next", key))[entry]
+        return values
 
     def sample_sequences(self, batch_size: int, seq_len: int) -> TensorDictBase:
         """``[batch_size, seq_len]`` sequences starting at uniformly drawn stored steps."""
@@ -272,9 +316,16 @@ class EpisodeReplay:
         links = {name: getattr(self, name) for name in _LINKS}
         links["generator"] = self.generator.get_state()
         torch.save(links, path / "links.pt")
-        (path / "counters.json").write_text(
-            json.dumps({"episodes_started": self.episodes_started, "steps_written": self.steps_written})
-        )
+        if self.successor_keys:  # only the written entries: the ring is mostly untouched
+            held = min(self.end_entries_written, self.capacity)
+            self.episode_ends._storage[:held].to_tensordict().memmap(path / "episode_ends")
+        counters = {
+            "episodes_started": self.episodes_started,
+            "steps_written": self.steps_written,
+            "end_entries_written": self.end_entries_written,
+            "successor_keys": self.successor_keys,
+        }
+        (path / "counters.json").write_text(json.dumps(counters))
 
     def load(self, path: Path) -> None:
         """Restore a replay saved by :meth:`save`. Trajectories open at save time end there (the
@@ -287,11 +338,18 @@ class EpisodeReplay:
         if (path / "buffer").exists():
             self.buffer.loads(path / "buffer")
         for name in _LINKS:
-            getattr(self, name).copy_(links[name])
+            if name in links:  # replays saved before `end_entry` existed store every next observation
+                getattr(self, name).copy_(links[name])
         self.generator.set_state(links["generator"])
         counters = json.loads((path / "counters.json").read_text())
         self.episodes_started = counters["episodes_started"]
         self.steps_written = counters["steps_written"]
+        self.end_entries_written = counters.get("end_entries_written", 0)
+        keys = counters.get("successor_keys", () if self.steps_written else None)
+        self.successor_keys = tuple(keys) if keys is not None else None
+        if self.successor_keys:
+            ends = TensorDict.load_memmap(path / "episode_ends")
+            self.episode_ends.set(torch.arange(ends.shape[0]), ends)
         self._open.clear()
         self._alive_slots = None
 

@@ -5,7 +5,8 @@
 Fills an ``EpisodeReplay`` on ``LazyMemmapStorage`` with Atari-shaped steps exactly as the collector
 yields them (uint8 ``[frame_stack, 84, 84]`` observation and next observation, action, behaviour
 statistics, LSTM state for recurrent agents), in 1000-step batches of 4 interleaved episodes, samples from
-it, and reports bytes per step on disk and the process's peak resident memory (``ru_maxrss``).
+it, and reports bytes per step on disk (blocks allocated: the file of chunk ends' next observations is
+sparse) and the process's peak resident memory (``ru_maxrss``).
 """
 
 from __future__ import annotations
@@ -28,17 +29,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def atari_batch(n_rows: int, T: int, frame_stack: int, first_traj: int, lstm: int) -> TensorDict:
     shape = (n_rows, T)
-    frames = torch.randint(0, 255, (*shape, frame_stack, 84, 84), dtype=torch.uint8)
+    frames = torch.randint(0, 255, (n_rows, T + 1, frame_stack, 84, 84), dtype=torch.uint8)
     done = torch.zeros(*shape, 1, dtype=torch.bool)
     done[:, -1] = True
     data = {
-        "observation": frames,
+        "observation": frames[:, :-1],
         "action": torch.randint(0, 6, shape),
         "is_init": torch.zeros(*shape, 1, dtype=torch.bool),
         ("behaviour", "logits"): torch.randn(*shape, 6),
         ("behaviour", "log_prob"): torch.randn(shape),
         ("collector", "traj_ids"): (first_traj + torch.arange(n_rows)).unsqueeze(-1).expand(shape),
-        ("next", "observation"): frames,
+        ("next", "observation"): frames[:, 1:],
         ("next", "reward"): torch.zeros(*shape, 1),
         ("next", "done"): done,
         ("next", "terminated"): done.clone(),
@@ -77,12 +78,15 @@ def main() -> None:
     for _ in range(20):
         replay.sample_sequences(32, 20)
     sample_ms = (time.time() - sample_start) / 20 * 1e3
-    disk = sum(f.stat().st_size for f in args.dir.rglob("*") if f.is_file())
+    disk = sum(f.stat().st_blocks * 512 for f in args.dir.rglob("*") if f.is_file())
     row = {
         "steps": len(replay),
         "frame_stack": args.frame_stack,
         "bytes_per_step_on_disk": round(disk / len(replay)),
-        "frame_bytes_per_step": 2 * args.frame_stack * 84 * 84,
+        "frame_bytes_per_step": round(
+            (len(replay) + min(replay.end_entries_written, args.steps)) * args.frame_stack * 84 * 84 / len(replay)
+        ),
+        "chunk_end_next_observations": replay.end_entries_written,
         "link_bytes_per_step": 5 * 8 + 1,
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "rss_anon_mib_at_end": proc_status_mib("RssAnon"),

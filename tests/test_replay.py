@@ -1,5 +1,8 @@
 """Episode-aligned replay: linking, sequence sampling, whole-episode eviction, recurrent refresh, persistence."""
 
+import json
+
+import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.modules import set_recurrent_mode
@@ -12,7 +15,8 @@ from acer_torchrl.replay import EpisodeReplay, OnlineWindows
 def make_rows(segments, obs_dim=3):
     """A collected batch [n_rows, T]: each row is a list of (traj_id, first_step, n_steps, ends_episode).
 
-    "observation" encodes (traj_id, step) so tests can check what was gathered.
+    "observation" encodes (traj_id, step) so tests can check what was gathered; ``("next", "observation")``
+    is the next step's.
     """
     rows = []
     for row in segments:
@@ -27,11 +31,11 @@ def make_rows(segments, obs_dim=3):
     assert all(len(r[0]) == T for r in rows)
     traj = torch.tensor([r[0] for r in rows])
     step = torch.tensor([r[1] for r in rows])
-    obs = torch.stack([traj.float(), step.float()] + [torch.randn(traj.shape) for _ in range(obs_dim - 2)], -1)
     done = torch.tensor([r[2] for r in rows]).unsqueeze(-1)
     return TensorDict(
         {
-            "observation": obs,
+            "observation": encode(traj, step, obs_dim),
+            ("next", "observation"): encode(traj, step + 1, obs_dim),
             "is_init": torch.tensor([r[3] for r in rows]).unsqueeze(-1),
             ("collector", "traj_ids"): traj,
             ("next", "done"): done,
@@ -41,6 +45,12 @@ def make_rows(segments, obs_dim=3):
         },
         batch_size=traj.shape,
     )
+
+
+def encode(traj, step, obs_dim=3):
+    """The observation of ``step`` of trajectory ``traj``: (traj, step, features that differ per step)."""
+    traj, step = traj.float(), step.float()
+    return torch.stack([traj, step] + [torch.sin(1.3 * traj + 0.7 * step + i) for i in range(obs_dim - 2)], -1)
 
 
 def check_sequences(sample):
@@ -69,6 +79,67 @@ def test_chunks_interleaved_across_batches_are_linked_in_order():
     # sequences of trajectory 2 (4 steps) are padded, never extended into trajectory 3
     short = sample[(sample["observation"][:, 0, 0] == 2) & (sample["observation"][:, 0, 1] == 0)]
     assert short.shape[0] > 0 and (short["mask"].sum(-1) == 4).all()
+
+
+def check_next_observations(rb):
+    """Every live step's ("next", "observation") is its own next observation, read from the successor
+    or from the chunk end's copy."""
+    steps = rb.gather(rb.alive.nonzero().squeeze(-1))
+    traj, step = steps["observation"][:, 0], steps["observation"][:, 1]
+    torch.testing.assert_close(steps["next", "observation"], encode(traj, step + 1), rtol=0, atol=0)
+    return steps
+
+
+@pytest.mark.parametrize("memmap", [False, True])
+def test_observations_are_stored_once(tmp_path, memmap):
+    rb = EpisodeReplay(40, seed=0, scratch_dir=tmp_path / "storage" if memmap else None)
+    # trajectory 1 runs across batches (its first chunk end gets a successor later), 2 terminates,
+    # 3 is still running at the end, 4 is cut by a truncation
+    rb.extend(make_rows([[(1, 0, 6, False)], [(2, 0, 4, True), (3, 0, 2, False)]]))
+    first_end = int(rb.end_entry.ge(0).nonzero()[0])
+    rb.extend(make_rows([[(1, 6, 6, True)], [(3, 2, 6, False)]]))
+    truncated = make_rows([[(4, 0, 5, True)]])
+    truncated["next", "terminated"].zero_()
+    truncated["next", "truncated"][:, -1] = True
+    rb.extend(truncated)
+    assert ("next", "observation") not in rb.buffer.storage._storage.keys(True)
+    assert rb.end_entries_written == 6  # one per chunk: 1, 2, 3 | 1, 3 | 4
+    assert rb.next[first_end] >= 0, "the first chunk end of trajectory 1 is linked to its successor"
+    steps = check_next_observations(rb)
+    assert len(steps) == 29
+    picked = rb.sample_steps(16, keys=["observation", ("next", "observation")])
+    torch.testing.assert_close(picked["next", "observation"], encode(picked["observation"][:, 0], picked["observation"][:, 1] + 1))
+    seq = rb.sample_sequences(32, 5)
+    last = seq["mask"].sum(-1) - 1  # padding repeats the last real step, so its next observation too
+    torch.testing.assert_close(seq["next", "observation"][:, :, 1], seq["observation"][:, :, 1] + 1)
+    assert last.min() >= 0
+    # wrap the ring: overwritten episodes are evicted whole, the survivors still read their next observations
+    rb.extend(make_rows([[(5, 0, 30, True)]]))
+    check_next_observations(rb)
+    rb.save(tmp_path / "saved")
+    other = EpisodeReplay(40, seed=0, scratch_dir=tmp_path / "other" if memmap else None)
+    other.load(tmp_path / "saved")
+    assert other.successor_keys == ("observation",) and other.end_entries_written == rb.end_entries_written
+    check_next_observations(other)
+
+
+def test_a_replay_saved_with_every_next_observation_still_loads(tmp_path):
+    """Replays saved before observations were stored once hold ``("next", "observation")`` in full."""
+    rb = EpisodeReplay(30, seed=0)
+    rb.successor_keys = ()  # the old layout: nothing rebuilt, every next observation stored
+    rb.extend(make_rows([[(1, 0, 12, True), (2, 0, 8, False)]]))
+    assert ("next", "observation") in rb.buffer.storage._storage.keys(True)
+    rb.save(tmp_path / "old")
+    links = torch.load(tmp_path / "old" / "links.pt")
+    del links["end_entry"]
+    torch.save(links, tmp_path / "old" / "links.pt")
+    counters = json.loads((tmp_path / "old" / "counters.json").read_text())
+    (tmp_path / "old" / "counters.json").write_text(json.dumps({k: counters[k] for k in ("episodes_started", "steps_written")}))
+    other = EpisodeReplay(30, seed=0)
+    other.load(tmp_path / "old")
+    assert other.successor_keys == ()
+    other.extend(make_rows([[(2, 8, 4, True)]]))
+    check_next_observations(other)
 
 
 def test_eviction_is_whole_oldest_episodes_first():
