@@ -87,7 +87,7 @@ def main() -> None:
             (len(replay) + min(replay.end_entries_written, args.steps)) * args.frame_stack * 84 * 84 / len(replay)
         ),
         "chunk_end_next_observations": replay.end_entries_written,
-        "link_bytes_per_step": 5 * 8 + 1,
+        "link_bytes_per_step": 6 * 8 + 1,
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "rss_anon_mib_at_end": proc_status_mib("RssAnon"),
         "rss_file_mib_at_end": proc_status_mib("RssFile"),
