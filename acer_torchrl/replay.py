@@ -14,7 +14,12 @@ belongs to, its position in that episode and the slots of the previous / next st
 * an observation is stored once: ``("next", "observation")`` of a step is read from its successor's
   ``"observation"``; only the last step of each collected chunk (an episode's end, or the newest step of a
   trajectory still running) keeps its own next observation, in a small side storage (``episode_ends``).
-  An Atari frame thus costs one uint8 frame per step, not two.
+  An Atari frame thus costs one uint8 frame per step, not two;
+* a trajectory is never linked across steps that did not arrive. TorchRL 0.14's ``MultiAsyncCollector``
+  drops a worker's batch when its one-slot output queue stays full for a second (a busy learner: the worker
+  collects its next batch over the unsent one). The env's ``step_count`` shows the gap; the trajectory is
+  cut there (its last stored step becomes a window end, like a trajectory still running) and the skipped
+  steps are counted in ``steps_missing``.
 
 Loops here run over time (sequence length, episode prefix) or over the few trajectories of one collected
 batch, never over the elements of a training batch.
@@ -34,6 +39,7 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayB
 TRAJ_KEY = ("collector", "traj_ids")
 SLOT_KEY = "slot"  # storage slot of every sampled step
 MASK_KEY = "mask"  # False on padding steps past the end of a sequence's episode
+STEP_KEY = "step_count"  # the env's step counter (TorchRL's StepCounter): finds steps the collectors dropped
 _LINKS = ("episode", "position", "prev", "next", "first", "alive", "end_entry")
 SUCCESSOR_KEYS = ("observation",)  # keys whose ("next", key) is the successor step's key: stored once
 
@@ -84,8 +90,9 @@ class EpisodeReplay:
         self.end_entry = torch.full((capacity,), -1, **long)  # entry of `episode_ends` holding the slot's next obs
         self.episodes_started = 0
         self.steps_written = 0
-        # trajectory id -> (episode id, slot of its last stored step, steps stored so far)
-        self._open: dict[int, tuple[int, int, int]] = {}
+        # trajectory id -> (episode id, slot of its last stored step, steps stored so far, its step_count)
+        self._open: dict[int, tuple[int, int, int, int]] = {}
+        self.steps_missing = 0  # env steps the collectors ran but never delivered (seen as step_count gaps)
         self._alive_slots: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ writing
@@ -123,11 +130,19 @@ class EpisodeReplay:
         new_chunk[::T] = True
         starts = new_chunk.nonzero().squeeze(-1).tolist() + [traj_flat.numel()]
         done_flat = done.reshape(-1)
+        step_count = rows.get(STEP_KEY, None)
+        step_count = step_count.reshape(-1).tolist() if step_count is not None else None
         for a, b in zip(starts[:-1], starts[1:]):  # one iteration per trajectory chunk
             tid = int(traj_flat[a])
             chunk = slots[a:b]
+            if tid in self._open and step_count is not None and step_count[a] != self._open[tid][3] + 1:
+                # the collector dropped steps of this trajectory: cut it there, never link across the gap
+                self.steps_missing += max(step_count[a] - self._open[tid][3] - 1, 0)
+                del self._open[tid]
+            elif tid not in self._open and step_count is not None:
+                self.steps_missing += step_count[a]  # a trajectory whose first steps never arrived
             if tid in self._open:
-                ep, last, count = self._open[tid]
+                ep, last, count, _ = self._open[tid]
                 alive = bool(self.alive[last]) and int(self.episode[last]) == ep
                 first = int(self.first[last])
                 if alive:
@@ -148,7 +163,7 @@ class EpisodeReplay:
             if bool(done_flat[b - 1]):
                 self._open.pop(tid, None)
             else:
-                self._open[tid] = (ep, int(chunk[-1]), count + n)
+                self._open[tid] = (ep, int(chunk[-1]), count + n, step_count[b - 1] if step_count else -1)
         self._store_chunk_ends(flat, slots, torch.tensor(starts[1:]) - 1)
         self._alive_slots = None
         return slots
@@ -323,6 +338,7 @@ class EpisodeReplay:
             "episodes_started": self.episodes_started,
             "steps_written": self.steps_written,
             "end_entries_written": self.end_entries_written,
+            "steps_missing": self.steps_missing,
             "successor_keys": self.successor_keys,
         }
         (path / "counters.json").write_text(json.dumps(counters))
@@ -345,6 +361,7 @@ class EpisodeReplay:
         self.episodes_started = counters["episodes_started"]
         self.steps_written = counters["steps_written"]
         self.end_entries_written = counters.get("end_entries_written", 0)
+        self.steps_missing = counters.get("steps_missing", 0)
         keys = counters.get("successor_keys", () if self.steps_written else None)
         self.successor_keys = tuple(keys) if keys is not None else None
         if self.successor_keys:

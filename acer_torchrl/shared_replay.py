@@ -102,6 +102,11 @@ class SharedReplay:
         with self.lock:
             return self.replay.column(key, alive_only).clone()
 
+    def missing(self) -> int:
+        """Env steps the agents' collectors dropped (:attr:`EpisodeReplay.steps_missing`, all agents)."""
+        with self.lock:
+            return self.replay.steps_missing
+
     def agent_counts(self) -> list[int]:
         """Stored (alive) steps per agent."""
         with self.lock:
@@ -122,7 +127,7 @@ class SharedReplay:
 # ---------------------------------------------------------------------------------------------- RPC
 _SERVED: SharedReplay | None = None  # the replay rank 0 serves
 _REMOTE_METHODS = frozenset(
-    {"extend", "size", "sample_sequences", "sample_steps", "recurrent_prefix", "update", "column", "agent_counts"}
+    {"extend", "size", "missing", "sample_sequences", "sample_steps", "recurrent_prefix", "update", "column", "agent_counts"}
 )
 
 
@@ -174,6 +179,10 @@ class AgentReplay:
 
     def __len__(self) -> int:
         return self.shared.size()
+
+    @property
+    def steps_missing(self) -> int:
+        return self.shared.missing()
 
     def _count(self, sample: TensorDictBase) -> TensorDictBase:
         ids = sample.get(AGENT_KEY)

@@ -245,6 +245,7 @@ class Trainer:
             "eval_return_std": std,
             "wall_time_s": round(c.wall_time_s, 2),
             "env_steps_per_s": round(c.env_steps / max(c.wall_time_s, 1e-9), 1),
+            "collector_dropped_steps": self.replay.steps_missing,
             "restarts": c.restarts,
             "run_dir": str(self.run_dir),
         }
@@ -325,6 +326,7 @@ class Trainer:
             metrics["eval_return_mean"], metrics["eval_return_std"] = evaluate(cfg, self.acting, eval_env)
             c.next_eval += cfg.eval.interval * max(1, math.ceil((c.env_steps - c.next_eval + 1) / cfg.eval.interval))
             metrics["replay_steps"] = len(self.replay)
+            metrics["collector_dropped_steps"] = self.replay.steps_missing  # not in env_steps (see replay.py)
             self.log.row(c.env_steps, c.updates, c.wall_time_s, metrics)
             window.clear()
             returns.clear()

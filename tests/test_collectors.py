@@ -156,3 +156,34 @@ def test_process_exits_without_hanging(tmp_path, ending):
     done = subprocess.run([sys.executable, str(script), ending], capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "collected 4" in done.stdout
+
+
+def test_replay_never_bridges_the_batches_the_async_collector_drops():
+    """TorchRL 0.14's ``MultiAsyncCollector`` drops a worker's batch when its one-slot output queue stays
+    full for a second (a learner busy for longer, here a sleep). Those steps never arrive: the replay sees
+    the ``step_count`` gap, counts the steps and cuts the trajectory instead of linking across it."""
+    import time
+
+    from acer_torchrl.replay import EpisodeReplay
+
+    policy = ProbabilisticActor(
+        TensorDictModule(nn.Linear(4, 2), ["observation"], ["logits"]),
+        in_keys=["logits"],
+        distribution_class=torch.distributions.Categorical,
+    )
+    replay = EpisodeReplay(1000)
+    env_fn = make_env_fn(EnvConfig(max_episode_steps=200))
+    with make_collector(env_fn, policy, num_workers=2, frames_per_batch=8, seed=0) as collector:
+        for i, batch in enumerate(collector):
+            replay.extend(batch)
+            if i % 2 == 0:
+                time.sleep(1.5)  # the other worker's batch waits in the queue; this one's next is dropped
+            if i == 9:
+                break
+    assert replay.steps_missing > 0, "no batch was dropped: the premise of this test no longer holds"
+    stored = replay.gather(torch.arange(len(replay)))
+    linked = (replay.next[: len(replay)] >= 0).nonzero().squeeze(-1)
+    after = stored[replay.next[linked]]
+    assert torch.equal(after["collector", "traj_ids"], stored[linked]["collector", "traj_ids"])
+    assert torch.equal(after["step_count"], stored[linked]["step_count"] + 1)
+    torch.testing.assert_close(after["observation"], stored[linked]["next", "observation"])

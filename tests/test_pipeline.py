@@ -81,7 +81,7 @@ def test_end_to_end_run_leaves_the_run_directory_contract(tmp_path, probe_regist
                 "env_steps_per_s"):
         assert key in summary
     assert summary["algorithm"] == "probe" and summary["env"] == "CartPole-v1"
-    assert summary["env_steps"] >= 640 and summary["updates"] > 0
+    assert summary["env_steps"] >= 640 and summary["updates"] > 0 and summary["collector_dropped_steps"] >= 0
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     for name in ("config.yaml", "metrics.csv", "learning_curve.png", "checkpoint/state.pt"):
         assert (tmp_path / name).is_file(), name

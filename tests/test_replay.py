@@ -37,6 +37,7 @@ def make_rows(segments, obs_dim=3):
             "observation": encode(traj, step, obs_dim),
             ("next", "observation"): encode(traj, step + 1, obs_dim),
             "is_init": torch.tensor([r[3] for r in rows]).unsqueeze(-1),
+            "step_count": step.unsqueeze(-1),
             ("collector", "traj_ids"): traj,
             ("next", "done"): done,
             ("next", "terminated"): done.clone(),
@@ -121,6 +122,23 @@ def test_observations_are_stored_once(tmp_path, memmap):
     other.load(tmp_path / "saved")
     assert other.successor_keys == ("observation",) and other.end_entries_written == rb.end_entries_written
     check_next_observations(other)
+
+
+def test_trajectories_are_cut_where_the_collector_dropped_steps():
+    """A batch that never arrives (TorchRL's async collector drops one when its queue stays full) must not
+    be bridged: step 5 of trajectory 1 is not followed by step 12."""
+    rb = EpisodeReplay(100, seed=0)
+    rb.extend(make_rows([[(1, 0, 6, False)], [(2, 0, 6, False)]]))
+    # steps 6-11 of trajectory 1 are lost, trajectory 2 goes on; trajectory 3's first 4 steps are lost too
+    rb.extend(make_rows([[(1, 12, 6, True)], [(2, 6, 2, True), (3, 4, 4, False)]]))
+    assert rb.steps_missing == 6 + 4
+    obs = rb.gather(torch.arange(len(rb)))["observation"]
+    linked = rb.next[: len(rb)] >= 0
+    succ = obs[rb.next[: len(rb)][linked]]
+    assert torch.equal(succ[:, 0], obs[linked][:, 0]) and torch.equal(succ[:, 1], obs[linked][:, 1] + 1)
+    assert rb.num_episodes == 4  # 1 cut in two, 2 whole, 3
+    check_sequences(rb.sample_sequences(256, 10))
+    check_next_observations(rb)  # step 5's next observation is its own copy, not step 12's
 
 
 def test_a_replay_saved_with_every_next_observation_still_loads(tmp_path):
