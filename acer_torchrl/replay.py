@@ -135,12 +135,11 @@ class EpisodeReplay:
         for a, b in zip(starts[:-1], starts[1:]):  # one iteration per trajectory chunk
             tid = int(traj_flat[a])
             chunk = slots[a:b]
-            if tid in self._open and step_count is not None and step_count[a] != self._open[tid][3] + 1:
+            expected = self._open[tid][3] + 1 if tid in self._open else 0  # step_count of the chunk's first step
+            if step_count is not None and step_count[a] != expected:
                 # the collector dropped steps of this trajectory: cut it there, never link across the gap
-                self.steps_missing += max(step_count[a] - self._open[tid][3] - 1, 0)
-                del self._open[tid]
-            elif tid not in self._open and step_count is not None:
-                self.steps_missing += step_count[a]  # a trajectory whose first steps never arrived
+                self.steps_missing += max(step_count[a] - expected, 0)
+                self._open.pop(tid, None)
             if tid in self._open:
                 ep, last, count, _ = self._open[tid]
                 alive = bool(self.alive[last]) and int(self.episode[last]) == ep

@@ -78,10 +78,10 @@ def test_end_to_end_run_leaves_the_run_directory_contract(tmp_path, probe_regist
     summary = run("probe", [f"run_dir={tmp_path}", "total_frames=640", f"collector.workers={workers}",
                             f"network.lstm={str(lstm).lower()}", "network.lstm_hidden=8", "eval.interval=320", *FAST])
     for key in ("algorithm", "env", "env_steps", "eval_return_mean", "eval_return_std", "wall_time_s",
-                "env_steps_per_s"):
+                "env_steps_per_s", "collector_dropped_steps"):
         assert key in summary
     assert summary["algorithm"] == "probe" and summary["env"] == "CartPole-v1"
-    assert summary["env_steps"] >= 640 and summary["updates"] > 0 and summary["collector_dropped_steps"] >= 0
+    assert summary["env_steps"] >= 640 and summary["updates"] > 0
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     for name in ("config.yaml", "metrics.csv", "learning_curve.png", "checkpoint/state.pt"):
         assert (tmp_path / name).is_file(), name
