@@ -81,7 +81,19 @@ class _ClosingCollector:
 
 
 class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
-    """``MultiAsyncCollector`` that shuts down cleanly (see the module docstring)."""
+    """``MultiAsyncCollector`` that shuts down cleanly (see the module docstring) and never drops a batch.
+
+    TorchRL 0.14 gives its workers a one-slot output queue. A worker whose batch is ready while another
+    worker's batch still waits there (the learner is busy) tries ``put`` for ``_TIMEOUT`` (1 s, a module
+    constant), then collects its next batch over the unsent one: those env steps are lost. A worker puts
+    one batch and then waits for the learner's "continue", so one slot per worker is enough for every
+    ``put`` to succeed at once. ``tests/test_collectors.py`` checks that a learner pausing for 1.5 s loses
+    nothing.
+    """
+
+    @property
+    def _queue_len(self) -> int:
+        return self.num_workers
 
 
 class InProcessCollector(_ClosingCollector, Collector):

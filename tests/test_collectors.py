@@ -158,28 +158,45 @@ def test_process_exits_without_hanging(tmp_path, ending):
     assert "collected 4" in done.stdout
 
 
-def test_replay_never_bridges_the_batches_the_async_collector_drops():
-    """TorchRL 0.14's ``MultiAsyncCollector`` drops a worker's batch when its one-slot output queue stays
-    full for a second (a learner busy for longer, here a sleep). Those steps never arrive: the replay sees
-    the ``step_count`` gap, counts the steps and cuts the trajectory instead of linking across it."""
+def collect_with_a_slow_learner(replay):
+    """Two workers, 8 steps per batch; the learner sleeps 1.5 s after every other batch, longer than the
+    1 s a TorchRL 0.14 worker waits to ``put`` its batch into a full output queue before dropping it."""
     import time
-
-    from acer_torchrl.replay import EpisodeReplay
 
     policy = ProbabilisticActor(
         TensorDictModule(nn.Linear(4, 2), ["observation"], ["logits"]),
         in_keys=["logits"],
         distribution_class=torch.distributions.Categorical,
     )
-    replay = EpisodeReplay(1000)
     env_fn = make_env_fn(EnvConfig(max_episode_steps=200))
     with make_collector(env_fn, policy, num_workers=2, frames_per_batch=8, seed=0) as collector:
         for i, batch in enumerate(collector):
             replay.extend(batch)
             if i % 2 == 0:
-                time.sleep(1.5)  # the other worker's batch waits in the queue; this one's next is dropped
+                time.sleep(1.5)
             if i == 9:
                 break
+
+
+def test_collector_never_drops_a_batch_while_the_learner_is_busy():
+    """Every env step a worker runs reaches the learner: no ``step_count`` gap in any trajectory."""
+    from acer_torchrl.replay import EpisodeReplay
+
+    replay = EpisodeReplay(1000)
+    collect_with_a_slow_learner(replay)
+    assert len(replay) == 80
+    assert replay.steps_missing == 0
+
+
+def test_replay_never_bridges_the_batches_the_async_collector_drops(monkeypatch):
+    """With TorchRL 0.14's own one-slot output queue the slow learner makes workers drop batches. Those
+    steps never arrive: the replay sees the ``step_count`` gap, counts the steps and cuts the trajectory
+    instead of linking across it."""
+    from acer_torchrl.replay import EpisodeReplay
+
+    monkeypatch.setattr(MultiProcessCollector, "_queue_len", property(lambda self: 1))
+    replay = EpisodeReplay(1000)
+    collect_with_a_slow_learner(replay)
     assert replay.steps_missing > 0, "no batch was dropped: the premise of this test no longer holds"
     stored = replay.gather(torch.arange(len(replay)))
     linked = (replay.next[: len(replay)] >= 0).nonzero().squeeze(-1)
