@@ -17,9 +17,10 @@ belongs to, its position in that episode and the slots of the previous / next st
   An Atari frame thus costs one uint8 frame per step, not two;
 * a trajectory is never linked across steps that did not arrive. TorchRL 0.14's ``MultiAsyncCollector``
   drops a worker's batch when its one-slot output queue stays full for a second (a busy learner: the worker
-  collects its next batch over the unsent one). The env's ``step_count`` shows the gap; the trajectory is
-  cut there (its last stored step becomes a window end, like a trajectory still running) and the skipped
-  steps are counted in ``steps_missing``.
+  collects its next batch over the unsent one); ours has a slot per worker and drops nothing
+  (:class:`~acer_torchrl.collectors.MultiProcessCollector`), but any other collector may. The env's
+  ``step_count`` shows a gap; the trajectory is cut there (its last stored step becomes a window end, like a
+  trajectory still running) and the skipped steps are counted in ``steps_missing``.
 
 Loops here run over time (sequence length, episode prefix) or over the few trajectories of one collected
 batch, never over the elements of a training batch.
