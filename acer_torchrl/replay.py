@@ -163,7 +163,7 @@ class EpisodeReplay:
             if bool(done_flat[b - 1]):
                 self._open.pop(tid, None)
             else:
-                self._open[tid] = (ep, int(chunk[-1]), count + n, step_count[b - 1] if step_count else -1)
+                self._open[tid] = (ep, int(chunk[-1]), count + n, step_count[b - 1] if step_count is not None else -1)
         self._store_chunk_ends(flat, slots, torch.tensor(starts[1:]) - 1)
         self._alive_slots = None
         return slots
