@@ -211,6 +211,8 @@ def test_sampled_step_uses_stored_targets():
     torch.testing.assert_close(out["loss_value"], expected)
     expected_pg = -(out["rho"] * (sample["vracer", "qret"] - value) * near).sum() / 16  # eq. 5
     torch.testing.assert_close(out["loss_policy"], expected_pg)
+    # logged std in env units: App. A initial 0.2 times the half ranges (2, 1) of INFO, averaged
+    torch.testing.assert_close(out["policy_std"], torch.tensor(0.3))
 
 
 # ----------------------------------------------------------------------------- Rules 1 and 2

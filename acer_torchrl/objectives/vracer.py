@@ -362,7 +362,7 @@ class VRACERLoss(ReplayLoss):
     def out_keys(self) -> list[str]:
         return [
             "loss_policy", "loss_value", "loss_kl", "rho", "state_value", "next_state_value", "kl",
-            "far_batch", "far_fraction", "beta", "c_max", "reward_scale",
+            "far_batch", "far_fraction", "beta", "c_max", "reward_scale", "policy_std",
         ]
 
     # ------------------------------------------------------------------ network evaluations
@@ -438,6 +438,7 @@ class VRACERLoss(ReplayLoss):
                 "beta": self.refer.beta.clone(),
                 "c_max": torch.tensor(self.refer.c_max),
                 "reward_scale": self.reward_scale.clone(),
+                "policy_std": out.get(keys.scale).detach().mean(),  # env units, mean over action dims
             },
             batch_size=[],
         )
