@@ -30,7 +30,7 @@ from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.collectors import make_collector
 from acer_torchrl.config import Config, dump_yaml
-from acer_torchrl.envs import env_info, make_env, make_env_fn
+from acer_torchrl.envs import EnvConfig, env_info, make_env, make_env_fn
 from acer_torchrl.metrics import MetricsLog, plot_learning_curve
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows
 
@@ -67,6 +67,11 @@ def learner_threads(cfg: Config) -> int:
 def default_run_dir(cfg: Config) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{cfg.loss}-{cfg.env.name.replace('/', '_')}-s{cfg.seed}-{stamp}"
+
+
+def evaluation_env_config(env: EnvConfig) -> EnvConfig:
+    """The env evaluations play: whole games (no episodic life), one at a time."""
+    return dataclasses.replace(env, num_envs=1, episodic_life=False)
 
 
 def evaluate(cfg: Config, policy, env) -> tuple[float, float]:
@@ -218,8 +223,11 @@ class Trainer:
 
     def make_eval_env(self):
         c = self.counters
-        one_game = dataclasses.replace(self.cfg.env, num_envs=1, episodic_life=False)  # whole games, one at a time
-        return make_env(one_game, seed=self.cfg.seed + 10_000 + c.restarts, extra_transforms=self.agent.env_transforms)
+        return make_env(
+            evaluation_env_config(self.cfg.env),
+            seed=self.cfg.seed + 10_000 + c.restarts,
+            extra_transforms=self.agent.env_transforms,
+        )
 
     def finish(self, eval_env) -> dict:
         """Final greedy evaluation (the periodic one when it fell on the last step), log row, checkpoint,
