@@ -69,7 +69,9 @@ class VRACERConfig:
     rule1: bool = True  # ReF-ER Rule 1 (skip far-policy samples); false for the ablation of sec. 5
     rule2: bool = True  # ReF-ER Rule 2 (KL penalty, beta of eq. 12); both false: plain ER
     steps_per_update: float = 1.0  # F: env steps per gradient step (App. A)
-    init_std: float = 0.2  # initial policy std, in [-1, 1] action units (App. A)
+    # initial policy std in [-1, 1] action units: App. A's covariance Sigma = 0.2 I, i.e. std sqrt(0.2)
+    # (the authors' smarties code: explNoise 0.4472135955)
+    init_std: float = math.sqrt(0.2)
     truncation: float = 3.0  # actions are drawn from the normal truncated at this many std (App. A)
     reward_scale_interval: int = 1000  # gradient steps between recomputations of sigma_r (App. B, Alg. 1)
     epsilon: float = 1e-7  # App. B: s_hat = (s - mu_s) / (sigma_s + eps), r_hat = r / (sigma_r + eps)
@@ -144,7 +146,7 @@ class VRACERHead(nn.Module):
     ``a' = c + a (high - low) / 2`` (App. B), so stored behaviour statistics and actions are in env units.
     """
 
-    def __init__(self, in_dim: int, low: torch.Tensor, high: torch.Tensor, init_std: float = 0.2):
+    def __init__(self, in_dim: int, low: torch.Tensor, high: torch.Tensor, init_std: float = math.sqrt(0.2)):
         super().__init__()
         self.value = nn.Linear(in_dim, 1)
         self.policy = GaussianHead(in_dim, low.numel(), init_std, learn_std=True)
