@@ -50,13 +50,15 @@ def latest_checkpoint(run_dir: Path) -> Path:
     raise CheckpointError(f"no checkpoint in {run_dir} (nothing to resume; start a new run instead)")
 
 
-def load_checkpoint(run_dir: Path, replay) -> tuple[dict, dict]:
-    """Restore ``replay`` in place and return ``(state, counters)``; any damage -> :class:`CheckpointError`."""
+def load_checkpoint(run_dir: Path, replay=None) -> tuple[dict, dict]:
+    """Return ``(state, counters)`` of the latest checkpoint and restore ``replay`` (if given) in place;
+    any damage -> :class:`CheckpointError`."""
     path = latest_checkpoint(run_dir)
     try:
         counters = json.loads((path / "counters.json").read_text())
         state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")
-        replay.load(path / "replay")
+        if replay is not None:
+            replay.load(path / "replay")
     except Exception as err:  # noqa: BLE001 - any failure here means the files are unusable
         raise CheckpointError(
             f"checkpoint {path} is corrupt or unreadable ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"

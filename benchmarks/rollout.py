@@ -2,9 +2,10 @@
 
     python benchmarks/rollout.py <run_dir> [--episodes 3] [--seed 123] [--obs 5]
 
-Episodes are played as the trainer's evaluations play them (one env, whole games). For each, greedy (``ExplorationType.DETERMINISTIC``) and sampled: its length, return, how it ended
-(terminated, truncated by the time limit, or cut at ``eval.max_steps``) and, with ``--obs i``, the mean
-of observation component ``i`` over the episode (e.g. 5: Hopper-v5's forward velocity of the torso).
+Episodes are played as the trainer's evaluations play them (one env, whole games), greedy
+(``ExplorationType.DETERMINISTIC``) and sampled; for each: its length, return, how it ended (terminated,
+truncated by the time limit, or cut at ``eval.max_steps``) and, with ``--obs i``, the mean of observation
+component ``i`` over the episode (e.g. 5: Hopper-v5's forward velocity of the torso).
 Reads the checkpoint's weights only, not its replay.
 """
 
@@ -17,7 +18,7 @@ import torch
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from acer_torchrl.algorithms import get_algorithm
-from acer_torchrl.checkpoint import latest_checkpoint
+from acer_torchrl.checkpoint import load_checkpoint
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info, make_env
 from acer_torchrl.trainer import evaluation_env_config
@@ -47,7 +48,7 @@ def main() -> None:
 
     cfg = load_config(None, [f"resume={args.run_dir}"])
     agent = get_algorithm(cfg.loss).build(cfg, env_info(cfg.env))
-    state = torch.load(latest_checkpoint(args.run_dir) / "state.pt", weights_only=True, map_location="cpu")
+    state, _ = load_checkpoint(args.run_dir)
     agent.loss.load_state_dict(state["loss"])
     env = make_env(evaluation_env_config(cfg.env), seed=args.seed, extra_transforms=agent.env_transforms)
     print(f"{args.run_dir}: {cfg.loss} on {cfg.env.name}")

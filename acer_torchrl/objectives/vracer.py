@@ -146,7 +146,7 @@ class VRACERHead(nn.Module):
     ``a' = c + a (high - low) / 2`` (App. B), so stored behaviour statistics and actions are in env units.
     """
 
-    def __init__(self, in_dim: int, low: torch.Tensor, high: torch.Tensor, init_std: float = math.sqrt(0.2)):
+    def __init__(self, in_dim: int, low: torch.Tensor, high: torch.Tensor, init_std: float):
         super().__init__()
         self.value = nn.Linear(in_dim, 1)
         self.policy = GaussianHead(in_dim, low.numel(), init_std, learn_std=True)
