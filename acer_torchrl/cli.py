@@ -34,8 +34,10 @@ def main(recipe: str, argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(
-        f"{summary['algorithm']} on {summary['env']}: {summary['env_steps']} env steps, greedy return "
-        f"{summary['eval_return_mean']:.1f} +- {summary['eval_return_std']:.1f}, {summary['wall_time_s']:.0f} s "
+        f"{summary['algorithm']} on {summary['env']}: {summary['env_steps']} env steps, final score "
+        f"{summary['eval_return_mean']:.1f} (mean greedy return of the {summary['final_score_evaluations']} "
+        f"evaluations from step {summary['final_score_from_step']}; last {summary['eval_return_last']:.1f}), "
+        f"{summary['wall_time_s']:.0f} s "
         f"({summary['env_steps_per_s']:.0f} steps/s); run dir {summary['run_dir']}"
     )
     return 0

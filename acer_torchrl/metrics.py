@@ -1,12 +1,58 @@
-"""Run logging: ``metrics.csv`` (rewritten atomically on every row), optional TensorBoard, the curve PNG."""
+"""Run logging: ``metrics.csv`` (rewritten atomically on every row), optional TensorBoard, the curve PNG,
+and the run's final score.
+
+A run's **final score** is the mean of its greedy evaluations over the last 10 % of its env steps (at least
+three evaluations, the last one always included): a run is judged by the policy it ends with, not by the
+first evaluation that touched a threshold. The trainer schedules evaluations at 90 %, 95 % and 100 % of
+``total_frames`` (:func:`final_window_steps`) on top of the periodic ones, so the window holds three of them
+whatever ``eval.interval`` is.
+"""
 
 from __future__ import annotations
 
 import csv
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 BASE_COLUMNS = ["env_steps", "updates", "wall_time_s"]
+FINAL_WINDOW = 0.1  # the last 10 % of a run's env steps
+MIN_FINAL_EVALUATIONS = 3
+
+
+def final_window_steps(total_frames: int) -> list[int]:
+    """Env steps at which an evaluation is due on top of the periodic ones: 90 %, 95 % and 100 % of the run."""
+    return sorted({-(-total_frames * twentieths // 20) for twentieths in (18, 19, 20)})  # exact integer ceil
+
+
+@dataclass
+class FinalScore:
+    mean: float  # the final score
+    std: float  # spread of the window's evaluation means
+    evaluations: int  # how many evaluations it averages
+    from_step: int  # env steps of the first of them
+    last: float  # the last evaluation alone
+
+
+def final_score(curve: list[tuple[float, float]], env_steps: float) -> FinalScore | None:
+    """The final score of a run of ``env_steps`` steps from its ``(env_steps, greedy return)`` evaluations:
+    those at or after ``(1 - FINAL_WINDOW) * env_steps``, or the last ``MIN_FINAL_EVALUATIONS`` when the
+    window holds fewer (the last evaluation is always included). None without evaluations."""
+    if not curve:
+        return None
+    curve = sorted(curve)
+    window = [r for s, r in curve if s >= (1.0 - FINAL_WINDOW) * env_steps]
+    if len(window) < MIN_FINAL_EVALUATIONS:
+        window = [r for _, r in curve[-MIN_FINAL_EVALUATIONS:]]
+    return FinalScore(
+        mean=float(np.mean(window)),
+        std=float(np.std(window)),
+        evaluations=len(window),
+        from_step=int(curve[-len(window)][0]),
+        last=float(curve[-1][1]),
+    )
 
 
 class MetricsLog:
@@ -64,6 +110,9 @@ def plot_learning_curve(log: MetricsLog, path: Path, title: str) -> None:
         x, y = log.series(key)
         if x:
             ax.plot(x, y, marker="o" if key.startswith("eval") else None, label=label)
+    x, _ = log.series("eval_return_mean")
+    if x:
+        ax.axvspan((1.0 - FINAL_WINDOW) * max(x), max(x), color="tab:orange", alpha=0.12, label="final-score window")
     ax.set_xlabel("env steps")
     ax.set_ylabel("return")
     ax.set_title(title)

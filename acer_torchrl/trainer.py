@@ -31,7 +31,7 @@ from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_check
 from acer_torchrl.collectors import make_collector
 from acer_torchrl.config import Config, dump_yaml
 from acer_torchrl.envs import EnvConfig, env_info, make_env, make_env_fn
-from acer_torchrl.metrics import MetricsLog, plot_learning_curve
+from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, plot_learning_curve
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows
 
 
@@ -234,13 +234,15 @@ class Trainer:
         summary.json and learning curve; closes ``eval_env``."""
         cfg, c = self.cfg, self.counters
         last = self.log.rows[-1] if self.log.rows else {}
-        if last.get("env_steps") == c.env_steps and "eval_return_mean" in last:
-            mean, std = last["eval_return_mean"], last["eval_return_std"]
-        else:
+        if last.get("env_steps") != c.env_steps or "eval_return_mean" not in last:
+            if cfg.log.progress:
+                print(f"final greedy evaluation ({cfg.eval.episodes} episodes)...", flush=True)
             mean, std = evaluate(cfg, self.acting, eval_env)
             self.log.row(c.env_steps, c.updates, c.wall_time_s, {"eval_return_mean": mean, "eval_return_std": std})
         eval_env.close()
         self.checkpoint()
+        steps, returns = self.log.series("eval_return_mean")
+        score = final_score(list(zip(steps, returns)), c.env_steps)
         summary = {
             "algorithm": cfg.loss,
             "env": cfg.env.name,
@@ -249,8 +251,13 @@ class Trainer:
             "env_steps": c.env_steps,
             "updates": c.updates,
             "episodes": c.episodes,
-            "eval_return_mean": mean,
-            "eval_return_std": std,
+            # the final score (metrics.final_score): mean greedy return over the last 10 % of the env steps
+            "eval_return_mean": score.mean,
+            "eval_return_std": score.std,
+            "final_score_evaluations": score.evaluations,
+            "final_score_from_step": score.from_step,
+            "eval_return_last": score.last,
+            "eval_episodes": cfg.eval.episodes,
             "wall_time_s": round(c.wall_time_s, 2),
             "env_steps_per_s": round(c.env_steps / max(c.wall_time_s, 1e-9), 1),
             "collector_dropped_steps": self.replay.steps_missing,
@@ -330,10 +337,14 @@ class Trainer:
         if returns:
             metrics["train_return"] = float(np.mean(returns))
             self._bar.set_postfix(ret=f"{metrics['train_return']:.1f}", upd=c.updates)
-        if c.env_steps >= c.next_eval:
+        if c.env_steps >= c.next_eval or self._final_window_due(c.env_steps - steps, c.env_steps):
             metrics["eval_return_mean"], metrics["eval_return_std"] = evaluate(cfg, self.acting, eval_env)
             c.next_eval += cfg.eval.interval * max(1, math.ceil((c.env_steps - c.next_eval + 1) / cfg.eval.interval))
             metrics["replay_steps"] = len(self.replay)
+            # the replay's episode-length mix and the step size: what a late collapse is read against
+            if isinstance(self.replay, EpisodeReplay):  # a shared replay's view has no episode count of its own
+                metrics["replay_mean_episode_steps"] = len(self.replay) / max(self.replay.num_episodes, 1)
+            metrics["lr"] = self.optimizer.param_groups[0]["lr"]
             metrics["collector_dropped_steps"] = self.replay.steps_missing  # not in env_steps (see replay.py)
             self.log.row(c.env_steps, c.updates, c.wall_time_s, metrics)
             window.clear()
@@ -344,6 +355,10 @@ class Trainer:
                 1, math.ceil((c.env_steps - c.next_checkpoint + 1) / cfg.log.checkpoint_interval)
             )
         return c.env_steps >= cfg.total_frames
+
+    def _final_window_due(self, before: int, after: int) -> bool:
+        """Whether this batch crossed one of the final-score window's evaluation points (90/95/100 %)."""
+        return any(before < step <= after for step in final_window_steps(self.cfg.total_frames))
 
 
 def train(cfg: Config) -> dict:

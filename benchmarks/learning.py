@@ -4,8 +4,11 @@
     python benchmarks/learning.py <algo> <preset> ... --resume runs/benchmarks/<name>-<date>   # after a kill
 
 Each seed is a separate recipe run (``recipes/<algo>.py``) in its own process; ``--parallel`` of them at a
-time. Reads each run's ``summary.json`` and ``metrics.csv`` and records: env steps at which the greedy
-evaluation first reached the threshold (per seed), the final greedy return, wall time and env steps/s.
+time. Reads each run's ``summary.json`` and ``metrics.csv`` and records per seed the **final score** (the mean
+greedy return over the last 10 % of the run's env steps, :func:`acer_torchrl.metrics.final_score`), across
+seeds its interquartile mean with a 95 % stratified-bootstrap confidence interval (``rliable``, the ``bench``
+extra: ``pip install -e '.[bench]'``), and, as secondary figures, the env steps at which the greedy
+evaluation first reached the threshold, wall time and env steps/s.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from acer_torchrl.metrics import FINAL_WINDOW, final_score
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -48,7 +53,25 @@ def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extr
         rows = [r for r in csv.DictReader(f) if r.get("eval_return_mean")]
     summary["curve"] = [(int(float(r["env_steps"])), float(r["eval_return_mean"])) for r in rows]
     summary["seed"] = seed
+    summary["final_score"] = final_score(summary["curve"], summary["env_steps"]).mean
     return summary
+
+
+def iqm_with_ci(scores: list[float], reps: int = 50_000, seed: int = 0) -> tuple[float, float, float]:
+    """Interquartile mean of per-seed final scores with its 95 % stratified-bootstrap confidence interval
+    (Agarwal et al. 2021, computed by ``rliable``)."""
+    try:
+        from rliable import library as rly
+        from rliable import metrics
+    except ImportError:
+        sys.exit("error: the learning benchmark needs rliable: .venv/bin/pip install -e '.[bench]'")
+    point, interval = rly.get_interval_estimates(
+        {"run": np.asarray(scores, dtype=float).reshape(-1, 1)},
+        lambda x: np.array([metrics.aggregate_iqm(x)]),
+        reps=reps,
+        random_state=np.random.RandomState(seed),
+    )
+    return float(point["run"][0]), float(interval["run"][0, 0]), float(interval["run"][1, 0])
 
 
 def steps_to(curve: list[tuple[int, float]], threshold: float) -> int | None:
@@ -70,6 +93,7 @@ def plot(results: list[dict], path: Path, title: str, threshold: float | None) -
         interp = np.array([np.interp(grid, *zip(*c)) for c in curves])
         ax.plot(grid, interp.mean(0), color="tab:blue", lw=2, label=f"mean of {len(curves)} seeds")
         ax.fill_between(grid, interp.min(0), interp.max(0), color="tab:blue", alpha=0.15, label="min-max")
+        ax.axvspan((1.0 - FINAL_WINDOW) * grid[-1], grid[-1], color="tab:orange", alpha=0.12, label="final-score window")
     finish_plot(fig, ax, path, title, threshold, "env steps", "greedy evaluation return")
 
 
@@ -117,9 +141,9 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     plot(results, RESULTS / f"{name}.png", f"{args.algo} {args.preset} ({args.seeds} seeds)", args.threshold)
     ok = [r for r in results if "failed" not in r]
+    finals = [r["final_score"] for r in ok]
+    iqm, ci_low, ci_high = iqm_with_ci(finals) if finals else (None, None, None)
     reached = [steps_to(r["curve"], args.threshold) for r in ok] if args.threshold is not None else []
-    finals = [r["eval_return_mean"] for r in ok]
-    n_reached = sum(s is not None for s in reached)
     command = " ".join(["python benchmarks/learning.py", args.algo, args.preset, f"--seeds {args.seeds}",
                         f"--frames {args.frames}"] + ([f"--threshold {args.threshold:g}"] if args.threshold is not None else [])
                        + [f"--parallel {args.parallel}"] + ([f"--name {args.name}"] if args.name else []) + extra)
@@ -128,12 +152,17 @@ def main() -> None:
         "seeds": args.seeds,
         "frames": args.frames,
         "threshold": args.threshold,
-        "reached": f"{n_reached}/{args.seeds}" if args.threshold is not None else "n/a",
+        "final_score_iqm": _round(iqm),
+        "final_score_ci95": [_round(ci_low), _round(ci_high)],
+        "final_score_per_seed": [round(f, 1) for f in finals],
+        "final_score_at_threshold": (f"{sum(f >= args.threshold for f in finals)}/{args.seeds}"
+                                     if args.threshold is not None else "n/a"),
         "steps_to_threshold": [s for s in reached],
-        "final_greedy_mean": round(float(np.mean(finals)), 1) if finals else None,
-        "final_greedy_per_seed": [round(f, 1) for f in finals],
+        "eval_return_last_per_seed": [round(r["curve"][-1][1], 1) for r in ok],
+        "eval_episodes": ok[0].get("eval_episodes") if ok else None,
         "wall_time_s_per_seed": round(float(np.mean([r["wall_time_s"] for r in ok])), 1) if ok else None,
         "env_steps_per_s": round(float(np.mean([r["env_steps_per_s"] for r in ok])), 1) if ok else None,
+        "curves": {str(r["seed"]): r["curve"] for r in ok},
         "failed": [r["failed"] for r in results if "failed" in r],
         "total_wall_s": round(elapsed, 1),
         "command": command,
@@ -142,7 +171,11 @@ def main() -> None:
     }
     (RESULTS / f"{name}.json").write_text(json.dumps(row, indent=2))
     append_markdown(row)
-    print(json.dumps(row, indent=2))
+    print(json.dumps({k: v for k, v in row.items() if k != "curves"}, indent=2))
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
 
 
 def _has_cuda() -> bool:
@@ -154,23 +187,34 @@ def _has_cuda() -> bool:
         return False
 
 
+HEADER = (
+    "# Learning results\n\n"
+    "One row per benchmark run (newest last); produced by `benchmarks/learning.py`, curves in `<name>.png`, every "
+    "seed's evaluations in `<name>.json`.\n"
+    "**Final score**: a run's mean greedy return over the last 10 % of its env steps (at least 3 evaluations of "
+    "`eval.episodes` episodes, the last included). Across seeds: interquartile mean (IQM) with its 95 % "
+    "stratified-bootstrap confidence interval (rliable). Secondary: env steps at the first evaluation that "
+    "reached the threshold (- = never).\n\n"
+    "| benchmark | final score IQM [95 % CI] | final score per seed | seeds with final >= threshold "
+    "| steps to threshold (first touch) | wall s / seed | env steps/s | machine, date | command |\n"
+    "|---|---|---|---|---|---|---|---|---|\n"
+)
+
+
 def append_markdown(row: dict) -> None:
     path = RESULTS / "learning.md"
     if not path.exists():
-        path.write_text(
-            "# Learning results\n\nOne row per benchmark run (newest last); produced by `benchmarks/learning.py`.\n"
-            "Steps to threshold: env steps at the first greedy evaluation reaching it (per seed; - = never).\n\n"
-            "| benchmark | seeds reaching threshold | steps to threshold | final greedy return (mean; per seed) "
-            "| wall s / seed | env steps/s | machine, date | command |\n|---|---|---|---|---|---|---|---|\n"
-        )
+        path.write_text(HEADER)
     steps = ", ".join("-" if s is None else str(s) for s in row["steps_to_threshold"]) or "n/a"
-    thr = f" (>= {row['threshold']:g} within {row['frames']})" if row["threshold"] is not None else f" ({row['frames']} steps)"
+    thr = f" (>= {row['threshold']:g}, {row['frames']} steps)" if row["threshold"] is not None else f" ({row['frames']} steps)"
     failed = f" FAILED: {len(row['failed'])}" if row["failed"] else ""
+    low, high = row["final_score_ci95"]
     with path.open("a") as f:
         f.write(
-            f"| {row['name']}{thr} | {row['reached']}{failed} | {steps} | {row['final_greedy_mean']}; "
-            f"{row['final_greedy_per_seed']} | {row['wall_time_s_per_seed']} | {row['env_steps_per_s']} | "
-            f"{row['machine']}, {row['date']} | `{row['command']}` |\n"
+            f"| [{row['name']}]({row['name']}.png){thr} | {row['final_score_iqm']} [{low}, {high}]{failed} | "
+            f"{', '.join(str(v) for v in row['final_score_per_seed'])} | {row['final_score_at_threshold']} | {steps} | "
+            f"{row['wall_time_s_per_seed']} | {row['env_steps_per_s']} | {row['machine']}, {row['date']} | "
+            f"`{row['command']}` |\n"
         )
 
 

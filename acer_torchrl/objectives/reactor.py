@@ -640,7 +640,6 @@ PRESETS = {
         "collector.frames_per_batch": 128,
         "optim.lr": 5e-5,
         "eval.interval": 250_000,
-        "eval.episodes": 3,
     },
 }
 

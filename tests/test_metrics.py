@@ -1,0 +1,64 @@
+"""The final score (a run's mean greedy return over the last 10 % of its env steps) against a plain
+reading of its definition, and the trainer's evaluation schedule that fills its window."""
+
+import json
+
+import pytest
+
+from acer_torchrl.metrics import final_score, final_window_steps
+
+
+def plain_final_score(curve, env_steps):
+    """The definition, spelled out: evaluations at or after 90 % of the run; if fewer than three, the last three."""
+    inside = [ret for step, ret in curve if step >= 0.9 * env_steps]
+    if len(inside) < 3:
+        inside = [ret for _, ret in curve][-3:]
+    return sum(inside) / len(inside), len(inside)
+
+
+@pytest.mark.parametrize(
+    "curve, env_steps",
+    [
+        ([(s, float(s % 7)) for s in range(2500, 50_001, 2500)], 50_000),  # periodic, the window holds 3
+        ([(2500 * i, 500.0 - i) for i in range(1, 21)] + [(45_000, 480.0), (47_500, 470.0)], 50_000),  # extra points
+        ([(10_000, 1.0), (20_000, 2.0), (30_000, 3.0), (40_000, 4.0)], 40_000),  # one in the window: the last 3
+        ([(5, 7.0), (10, 8.0)], 10),  # shorter than three evaluations: all of them
+    ],
+)
+def test_final_score_matches_its_definition(curve, env_steps):
+    expected, count = plain_final_score(sorted(curve), env_steps)
+    score = final_score(curve, env_steps)
+    assert score.mean == pytest.approx(expected)
+    assert score.evaluations == count
+    assert score.last == sorted(curve)[-1][1]
+
+
+def test_final_score_is_not_the_first_touch_or_the_best():
+    """A run that touched 500 and fell is scored by where it ended."""
+    curve = [(2500 * i, r) for i, r in enumerate([20, 200, 500, 500, 500, 317, 306, 258, 228, 230], 1)]
+    score = final_score(curve, 25_000)
+    assert score.mean == pytest.approx((258 + 228 + 230) / 3)
+    assert final_score([], 100) is None
+
+
+def test_final_window_steps():
+    assert final_window_steps(50_000) == [45_000, 47_500, 50_000]
+    assert final_window_steps(1000) == [900, 950, 1000]
+
+
+def test_short_run_evaluates_three_times_in_its_final_window(tmp_path):
+    """With evaluations far apart (eval.interval beyond the run) the trainer still evaluates at 90, 95 and
+    100 % of total_frames, and summary.json carries the final score, the last evaluation and their count."""
+    from acer_torchrl.cli import run
+
+    summary = run("acer", ["total_frames=640", "collector.workers=0", "collector.frames_per_batch=16",
+                           "replay.min_size=64", "replay.batch_size=4", "network.hidden=[16]", "eval.interval=100000",
+                           "eval.episodes=2", "eval.max_steps=50", "log.progress=false", f"run_dir={tmp_path}"])
+    rows = [r.split(",") for r in (tmp_path / "metrics.csv").read_text().splitlines()]
+    column = rows[0].index("eval_return_mean")
+    evaluations = [(int(float(r[0])), float(r[column])) for r in rows[1:] if r[column]]
+    assert [s for s, _ in evaluations] == [576, 608, 640]  # the batches that crossed 576, 608 and 640
+    assert summary["final_score_evaluations"] == 3 and summary["final_score_from_step"] == 576
+    assert summary["eval_return_mean"] == pytest.approx(sum(r for _, r in evaluations) / 3)
+    assert summary["eval_return_last"] == evaluations[-1][1]
+    assert json.loads((tmp_path / "summary.json").read_text())["eval_episodes"] == 2
