@@ -52,7 +52,6 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torch import nn
-from torchrl.modules import set_recurrent_mode
 
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm
@@ -67,7 +66,15 @@ from acer_torchrl.modules import (
     policy_distribution,
     policy_keys,
 )
-from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask, trace_cut
+from acer_torchrl.objectives.common import (
+    ReplayLoss,
+    close_segments_at_padding,
+    masked_mean,
+    next_state_values,
+    observation_keys,
+    sequence_mask,
+    trace_cut,
+)
 from acer_torchrl.objectives.functional import implied_policy_kl, vtrace
 
 
@@ -203,7 +210,7 @@ class LASERLoss(ReplayLoss):
             ("next", keys.reward),
             ("next", keys.done),
             ("next", keys.terminated),
-            *[("next", k) for k in self.network.in_keys if k not in self.hidden_keys and k != "is_init"],
+            *[("next", k) for k in observation_keys(self.network.in_keys, self.hidden_keys)],
         ]
 
     @property
@@ -220,43 +227,17 @@ class LASERLoss(ReplayLoss):
 
     # ------------------------------------------------------------------ pieces
     def _unroll(self, td: TensorDictBase, mask: torch.Tensor) -> TensorDictBase:
-        """The network over the sequences, on a shallow copy of ``td`` (behaviour keys stay apart).
+        """The network over the sequences, on a shallow copy of ``td`` (behaviour keys stay apart); when
+        recurrent, segments close at the last real step (:func:`.common.close_segments_at_padding`)."""
+        return self.network(close_segments_at_padding(td, mask) if self.hidden_keys else td.copy())
 
-        When recurrent, the first padding step gets ``is_init``: the LSTM then closes a segment at the
-        last real step, so its ``("next", state)`` there is the state after that step (see
-        :meth:`_next_state_value`); padding outputs are masked out anyway.
-        """
-        out = td.copy()
-        if self.hidden_keys:
-            after_real = torch.zeros_like(mask)
-            after_real[..., 1:, :] = mask[..., :-1, :] & ~mask[..., 1:, :]
-            out.set("is_init", out.get("is_init") | after_real)
-        return self.network(out)
-
-    @torch.no_grad()
     def _next_state_value(self, td: TensorDictBase, out: TensorDictBase, bootstrap: torch.Tensor) -> torch.Tensor:
-        """``V(s_{t+1})`` for every step, ``[B, T, 1]``.
-
-        Inside an episode it is the value of row ``t+1``. At ``bootstrap`` steps (window ends, the last
-        step before padding, truncations) row ``t+1`` is not ``s_{t+1}``: there the network runs once more
-        on ``("next", observation)``, with the recurrent state after step ``t`` when recurrent (the LSTM
-        writes its state at the end of every segment, i.e. before each ``is_init``).
-        """
-        value = out.get(self.tensor_keys.value)
-        next_value = torch.cat([value[..., 1:, :], value[..., -1:, :]], dim=-2)
-        rows = bootstrap.squeeze(-1)
-        if not rows.any():
-            return next_value
-        nxt = td.get("next")[rows]
-        obs_keys = [k for k in self.network.in_keys if k not in self.hidden_keys and k != "is_init"]
-        step = nxt.select(*obs_keys)
-        for key in self.hidden_keys:
-            step.set(key, out.get(("next", key))[rows])
-        if self.hidden_keys:
-            step.set("is_init", torch.zeros(*step.shape, 1, dtype=torch.bool, device=step.device))
-        with set_recurrent_mode(False):
-            next_value[rows] = self.network(step).get(self.tensor_keys.value)
-        return next_value
+        """``V(s_{t+1})`` for every step, ``[B, T, 1]``, bootstrapping from the unroll's recurrent state
+        (:func:`~acer_torchrl.objectives.common.next_state_values`)."""
+        return next_state_values(
+            td, out, out.get(self.tensor_keys.value), bootstrap, self.network.in_keys, self.hidden_keys,
+            lambda step: self.network(step).get(self.tensor_keys.value),
+        )
 
     def behaviour_relevance(self, pi_stats: TensorDictBase, mu_stats: TensorDictBase) -> torch.Tensor:
         """``beta_KL(s) = KL(pi(.|s) || pi~_mu(.|s))`` per step, ``[B, T, 1]`` (LASER sec. 4.3, eq. 3/8).
