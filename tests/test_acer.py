@@ -485,6 +485,88 @@ def test_built_agent_trains_every_network_on_acted_sequences(lstm):
     assert float(out["rho_mean"]) == pytest.approx(1.0)  # acted by this very policy: rho = 1
 
 
+def test_lstm_bootstraps_from_the_unroll_state_not_the_stored_one():
+    """network.lstm=true: where a row bootstraps (window end, truncation mid-window, last real step before
+    padding), ``V(x_{t+1})`` starts from the state the learning network's unroll reached after row t, from
+    the sequence's refreshed start state, not from the ``("next", state)`` stored at acting time (here: other
+    values). Reference: Alg. 2's backward recursion over a step-by-step loop of the LSTM cell."""
+    from torchrl.modules import set_recurrent_mode
+
+    from acer_torchrl.algorithms import get_algorithm
+    from acer_torchrl.envs import EnvInfo
+
+    cfg = load_config("acer", ["preset=cartpole", "network.lstm=true", "network.lstm_hidden=8",
+                               "network.hidden=[16]", f"gamma={GAMMA}"])
+    n_act, obs_dim, hidden = 2, 4, 8
+    info = EnvInfo(obs_shape=(obs_dim,), obs_dtype=torch.float32, discrete=True, num_actions=n_act)
+    agent = get_algorithm("acer").build(cfg, info)
+    loss = agent.loss
+    g = torch.Generator().manual_seed(7)
+    td = padded_window(B, T, obs_dim, g, lambda obs: {
+        "action": torch.randint(n_act, (B, T), generator=g),
+        "behaviour": {"logits": torch.randn(B, T, n_act, generator=g, dtype=torch.float64)},
+    }).apply(lambda x: x.float() if x.is_floating_point() else x)
+    td["is_init"][:, 0] = False  # replayed sequences start mid-episode, from a refreshed state
+    start = {key: torch.randn(B, 1, hidden, generator=g) for key in agent.hidden_keys}
+    for key in agent.hidden_keys:
+        td[key] = torch.zeros(B, T, 1, hidden)
+        td[key][:, 0] = start[key]
+        td["next", key] = torch.randn(B, T, 1, hidden, generator=g)  # stale: the acting network's states
+    with set_recurrent_mode(True):
+        out = loss(td).detach()
+
+    encoder, lstm = agent.torsos[0].module[0].module, agent.torsos[0].lstm.lstm
+    policy_head, q_head = loss.actor_network[-1].module, loss.critic_network.module
+    h_key, c_key = agent.hidden_keys
+    mask, action = td["mask"], td["action"]
+
+    def step(obs, state):
+        y, state = lstm(encoder(obs).view(1, 1, -1), state)
+        y = y.view(-1)
+        return torch.softmax(policy_head(y), -1), q_head(y), state
+
+    def reference(bootstrap_state):
+        """Q^ret [B, T] and Q(x_t, a_t) [B, T]; ``bootstrap_state(b, t, unroll_state)``: where V(x_{t+1})
+        of a bootstrapping row starts from."""
+        q_ret, q_taken = torch.zeros(B, T), torch.zeros(B, T)
+        for b in range(B):
+            state = (start[h_key][b].unsqueeze(1), start[c_key][b].unsqueeze(1))  # [layers, batch 1, H]
+            pi, q, after = [], [], []
+            for t in range(T):
+                if not mask[b, t]:
+                    break
+                if td["is_init"][b, t]:
+                    state = tuple(torch.zeros_like(s) for s in state)
+                pi_t, q_t, state = step(td["observation"][b, t], state)
+                pi.append(pi_t), q.append(q_t), after.append(state)
+            for t in reversed(range(len(pi))):
+                r = float(td["next", "reward"][b, t])
+                bootstrap, terminal = bootstrap_flags(td, b, t)
+                if terminal:
+                    q_ret[b, t] = r
+                elif bootstrap:
+                    pi_n, q_n, _ = step(td["next", "observation"][b, t], bootstrap_state(b, t, after[t]))
+                    q_ret[b, t] = r + GAMMA * (pi_n * q_n).sum()
+                else:  # eq. 5 with rho-bar_{t+1} = min(1, rho_{t+1}) (Alg. 2)
+                    a_n = int(action[b, t + 1])
+                    mu_n = torch.softmax(td["behaviour", "logits"][b, t + 1], -1)
+                    c_n = min(1.0, float(pi[t + 1][a_n] / mu_n[a_n]))
+                    v_n = (pi[t + 1] * q[t + 1]).sum()
+                    q_ret[b, t] = r + GAMMA * c_n * (q_ret[b, t + 1] - q[t + 1][a_n]) + GAMMA * v_n
+                q_taken[b, t] = q[t][int(action[b, t])]
+        return q_ret, q_taken
+
+    with torch.no_grad():
+        q_ret, q_taken = reference(lambda b, t, unrolled: unrolled)
+        stale, _ = reference(lambda b, t, unrolled: (td["next", h_key][b, t].unsqueeze(1),
+                                                     td["next", c_key][b, t].unsqueeze(1)))
+    n = mask.sum()
+    torch.testing.assert_close(out["q_ret_mean"], q_ret[mask].sum() / n, rtol=1e-5, atol=1e-6)
+    expected_critic = loss.critic_coef * (0.5 * (q_ret - q_taken)[mask] ** 2).sum() / n  # eq. 6
+    torch.testing.assert_close(out["loss_critic"], expected_critic, rtol=1e-5, atol=1e-6)
+    assert (q_ret - stale)[mask].abs().max() > 1e-2, "the stored states must give other bootstraps"
+
+
 @pytest.mark.slow
 @pytest.mark.learning
 def test_cartpole_learns(tmp_path):

@@ -301,6 +301,50 @@ def test_gaussian_kl_closed_form():
     torch.testing.assert_close(gaussian_kl(loc_p, scale_p, loc_q, scale_q), ref)
 
 
+@pytest.mark.parametrize("rule1, rule2, clip", [(False, True, True), (False, False, False), (True, True, False)])
+def test_rule2_only_clips_rho_at_1e3(rule1, rule2, clip):
+    """ReF-ER-2 (Rule 2 without Rule 1) clips every importance weight, rho <- min(rho, 10^3) (sec. 5.3); plain
+    ER and full ReF-ER do not (Rule 1 already drops far-policy steps). Reference: eq. 5 step by step."""
+    agent = make_agent(n_start=10, **{"vracer.rule1": rule1, "vracer.rule2": rule2})
+    replay = EpisodeReplay(200, seed=0)
+    fill(agent, replay)
+    perturb(agent.loss.network, seed=5, scale=0.05)
+    sample = replay.sample_steps(16)
+    with torch.no_grad():
+        out = agent.loss(sample)
+    shift = torch.zeros(16)
+    shift[:2], shift[2:4], shift[4] = 10.0, 5.0, -10.0  # rho ~ 22026 (clipped), 148 (kept), 4.5e-5
+    sample["behaviour", "log_prob"] = sample["behaviour", "log_prob"] + out["rho"].log().squeeze(-1) - shift
+    obs = sample["observation"].clone().requires_grad_(True)
+    sample["observation"] = obs
+    agent.loss.refer.beta.fill_(0.7)
+    out = agent.loss(sample)
+    (grad,) = torch.autograd.grad(out["loss_policy"], obs)
+
+    obs_ref = sample["observation"].detach().clone().requires_grad_(True)
+    net_out = agent.loss.network(TensorDict({"observation": obs_ref}, [16]))
+    value, loc, scale = net_out["state_value"], net_out["loc"], net_out["scale"]
+    log_z = 2 * math.log(math.erf(3 / math.sqrt(2)))  # truncated at 3 std (App. A)
+    log_pi = torch.distributions.Normal(loc, scale).log_prob(sample["action"]).sum(-1) - log_z
+    rho = (log_pi - sample["behaviour", "log_prob"]).exp()
+    c_max = agent.loss.refer.c_max
+    terms = []
+    for k in range(16):
+        rho_k = float(rho[k].detach())
+        if rule1 and not 1 / c_max < rho_k < c_max:
+            terms.append(torch.zeros(()))  # Rule 1: no gradient from a far-policy step
+            continue
+        w = torch.tensor(1e3) if clip and rho_k > 1e3 else rho[k]  # min(rho, 10^3): constant once clipped
+        terms.append(-w * float(sample["vracer", "qret"][k] - value[k].detach()))  # off-PG, eq. 5
+    ref = 0.7 * torch.stack(terms).sum() / 16
+    (ref_grad,) = torch.autograd.grad(ref, obs_ref)
+    torch.testing.assert_close(out["loss_policy"], ref.detach())
+    torch.testing.assert_close(grad, ref_grad)
+    assert (grad[2:4].abs().sum(-1) > 0).all() != rule1  # rho = 148: kept unless Rule 1 drops it
+    if clip:
+        assert (grad[:2] == 0).all(), "a clipped weight carries no gradient"
+
+
 # ----------------------------------------------------------------------------- beta and annealing
 
 

@@ -35,7 +35,9 @@ Deviations from the paper, and why:
   none; A3C's entropy regulariser is added to the objective directly).
 * A window's last row (and a row whose episode was truncated) bootstraps on ``V`` of the stored
   next observation evaluated by the current network, as in Alg. 2-3's ``Q^ret <- V(x_k)``; with an
-  LSTM that evaluation starts from the recurrent state stored at acting time.
+  LSTM that evaluation starts from the state the learning network's own unroll reached after that row
+  (from the sequence's refreshed start state), not from the one stored at acting time
+  (:func:`~acer_torchrl.objectives.common.next_state_values`, shared with LASER).
 """
 
 from __future__ import annotations
@@ -64,7 +66,16 @@ from acer_torchrl.modules import (
     policy_keys,
 )
 from acer_torchrl.objectives import functional
-from acer_torchrl.objectives.common import ReplayLoss, masked_mean, poisson_plan, sequence_mask, trace_cut
+from acer_torchrl.objectives.common import (
+    ReplayLoss,
+    close_segments_at_padding,
+    masked_mean,
+    next_state_values,
+    observation_keys,
+    poisson_plan,
+    sequence_mask,
+    trace_cut,
+)
 from acer_torchrl.replay import MASK_KEY
 
 
@@ -134,6 +145,8 @@ class ACERLoss(ReplayLoss):
         sdn_samples: ``n`` of eq. 13.
         replay_ratio, on_policy: Alg. 1's master loop (:meth:`update_plan`).
         seq_len: steps per sequence.
+        hidden_keys: recurrent state keys of ``actor_network``'s LSTM, written under ``("next", key)``
+            (empty when feed-forward).
 
     The continuous loss draws ``sdn_samples + 1`` actions from the current policy in one
     ``dist.sample((n + 1,))`` call per forward: the first is eq. 16's ``a'_t``, the others eq. 13's ``u_i``.
@@ -190,6 +203,7 @@ class ACERLoss(ReplayLoss):
         replay_ratio: float = 4.0,
         on_policy: bool = True,
         seq_len: int = 20,
+        hidden_keys: list[str] | tuple[str, ...] = (),
     ):
         super().__init__()
         if not discrete and advantage_network is None:
@@ -208,6 +222,7 @@ class ACERLoss(ReplayLoss):
         self.replay_ratio = replay_ratio
         self.on_policy = on_policy
         self.seq_len = seq_len
+        self.hidden_keys = list(hidden_keys)
 
     # ------------------------------------------------------------------ TorchRL key plumbing
     @property
@@ -225,7 +240,7 @@ class ACERLoss(ReplayLoss):
             *behaviour,
             *[("next", key) for key in (k.reward, k.done, k.terminated)],
             *actor_in,
-            *[("next", key) for key in actor_in],
+            *[("next", key) for key in observation_keys(actor_in, self.hidden_keys)],
             MASK_KEY,
         ]
 
@@ -262,18 +277,17 @@ class ACERLoss(ReplayLoss):
             return (pi * out.get(self.tensor_keys.action_value)).sum(-1, keepdim=True)
         return out.get(self.tensor_keys.state_value)
 
-    @torch.no_grad()
-    def _next_state_value(self, td: TensorDictBase, value: torch.Tensor, bootstrap: torch.Tensor) -> torch.Tensor:
-        """``V(x_{t+1})`` for every row: row ``t+1``'s value inside an episode, and the current network
-        on the stored ``("next", "observation")`` where row ``t`` ``bootstrap``s (window end, last real
-        step before padding, truncation), as Alg. 2-3's ``Q^ret <- V(x_k)``."""
-        next_value = torch.cat([value[:, 1:], value[:, -1:]], dim=1)
-        rows = bootstrap.squeeze(-1)
-        if rows.any():
-            nxt = td.get("next")[rows].unsqueeze(-1)  # [N, 1]: one step from the stored next state
-            nxt.set("is_init", torch.zeros(*nxt.shape, 1, dtype=torch.bool, device=nxt.device))
-            next_value[rows] = self._state_value(self._evaluate(nxt))[:, 0]
-        return next_value
+    def _next_state_value(
+        self, td: TensorDictBase, out: TensorDictBase, value: torch.Tensor, bootstrap: torch.Tensor
+    ) -> torch.Tensor:
+        """``V(x_{t+1})`` for every row: row ``t+1``'s value inside an episode, and the current network on
+        the stored ``("next", "observation")`` where row ``t`` ``bootstrap``s (window end, last real step
+        before padding, truncation), as Alg. 2-3's ``Q^ret <- V(x_k)``; with an LSTM from the state ``out``
+        (the unroll) reached after row ``t`` (:func:`~acer_torchrl.objectives.common.next_state_values`)."""
+        return next_state_values(
+            td, out, value, bootstrap, self.actor_network.in_keys, self.hidden_keys,
+            lambda step: self._state_value(self._evaluate(step)),
+        )
 
     # ------------------------------------------------------------------ trust region (sec. 3.3)
     def _policy_surrogate(
@@ -322,15 +336,17 @@ class ACERLoss(ReplayLoss):
         terminated = td.get(("next", keys.terminated)).bool()
         # the estimators' done: also cut at the last real step before padding (common.trace_cut)
         done = trace_cut(td.get(("next", keys.done)).bool(), mask)
-        out = self._evaluate(td)
+        # with an LSTM the unroll's segments end at the last real step: its state there is the bootstrap's
+        inputs = close_segments_at_padding(td, mask) if self.hidden_keys else td
+        out = self._evaluate(inputs)
         stats = [out.get(key) for key in self._stat_keys]
         average_stats = None
         if self.trust_region:
             with torch.no_grad(), self.target_actor_network_params.to_module(self.actor_network):
-                average = self.actor_network(td.select(*self.actor_network.in_keys, strict=False))
+                average = self.actor_network(inputs.select(*self.actor_network.in_keys, strict=False))
             average_stats = [average.get(key) for key in self._stat_keys]
         value = self._state_value(out)
-        next_value = self._next_state_value(td, value.detach(), mask & done & ~terminated)
+        next_value = self._next_state_value(td, out, value.detach(), mask & done & ~terminated)
         terms = self._discrete if self.discrete else self._continuous
         objective, critic, rho, q_ret = terms(td, out, stats, value, next_value, reward, terminated, done, mask)
         loss_policy, diagnostics = self._policy_surrogate(stats, objective, average_stats, mask)
@@ -454,6 +470,7 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         replay_ratio=a.replay_ratio,
         on_policy=info.discrete if a.on_policy is None else a.on_policy,
         seq_len=cfg.replay.seq_len,
+        hidden_keys=torso.hidden_keys,
     )
     updaters = [SoftUpdate(loss, eps=a.alpha)] if a.trust_region else []
     return Agent(loss=loss, policy=acting_policy(torso, policy_head, info), torsos=[torso], updaters=updaters)
@@ -540,7 +557,9 @@ PRESETS: dict[str, dict[str, object]] = {
         "acer.entropy_coef": 0.0,
         "acer.c": 5.0,
         "acer.delta": 2.0,  # the top of the paper's range [0.1, 2]: delta = 1 kept ~40% of steps projected
-        "acer.alpha": 0.99,
+        # sec. 6: "The rate of the soft updating (alpha as in Section 3.3) is set to 0.995 in all setups
+        # involving trust region updating" (0.99 is the Atari value, sec. 4)
+        "acer.alpha": 0.995,
     },
 }
 

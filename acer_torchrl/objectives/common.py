@@ -8,9 +8,13 @@ sum to the objective; other entries are diagnostics (mean rho, truncated share, 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 import torch
 from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+from torchrl.modules import set_recurrent_mode
 from torchrl.objectives import LossModule
 
 from acer_torchrl.replay import MASK_KEY
@@ -72,3 +76,60 @@ def masked_mean(value: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``value`` over the real steps (mask broadcast on the trailing dims)."""
     mask = mask.expand_as(value).to(value.dtype)
     return (value * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def observation_keys(in_keys: Sequence[NestedKey], hidden_keys: Sequence[str]) -> list[NestedKey]:
+    """The keys of ``in_keys`` that describe the state itself (not the recurrent state nor ``is_init``):
+    what a step's ``("next", ...)`` must hold to evaluate the network on ``s_{t+1}``."""
+    return [k for k in in_keys if k not in hidden_keys and k != "is_init"]
+
+
+def close_segments_at_padding(td: TensorDictBase, mask: torch.Tensor) -> TensorDictBase:
+    """A shallow copy of ``td`` whose first padding step of each sequence is ``is_init``.
+
+    TorchRL's ``LSTMModule`` in recurrent mode splits a sequence at ``is_init`` and writes, under
+    ``("next", state)``, the state after the last step of every segment. With this flag a segment closes at
+    the last real step, so the unroll's ``("next", state)`` there is the state after that step (the one
+    :func:`next_state_values` bootstraps from); padding outputs are masked out anyway.
+    """
+    out = td.copy()
+    after_real = torch.zeros_like(mask)
+    after_real[..., 1:, :] = mask[..., :-1, :] & ~mask[..., 1:, :]
+    out.set("is_init", out.get("is_init") | after_real)
+    return out
+
+
+@torch.no_grad()
+def next_state_values(
+    td: TensorDictBase,
+    unrolled: TensorDictBase,
+    value: torch.Tensor,
+    bootstrap: torch.Tensor,
+    in_keys: Sequence[NestedKey],
+    hidden_keys: Sequence[str],
+    evaluate: Callable[[TensorDictBase], torch.Tensor],
+) -> torch.Tensor:
+    """``V(s_{t+1})`` for every step of a ``[B, T]`` batch, ``[B, T, 1]`` (ACER Alg. 2-3's
+    ``Q^ret <- V(x_k)``; V-trace's ``V(x_{s+n})``, IMPALA eq. 1).
+
+    Inside an episode it is ``value`` of row ``t+1``. At ``bootstrap`` steps (window ends, the last real
+    step before padding, truncations) row ``t+1`` is not ``s_{t+1}``: there ``evaluate`` (the network whose
+    inputs are ``in_keys``) runs once more on the :func:`observation_keys` under ``"next"``, as single
+    steps, ``[N] -> [N, 1]``. When recurrent, it starts from the state the learning network's own unroll
+    reached after step ``t`` (``unrolled``'s ``("next", hidden_keys)``, written at the end of each segment;
+    see :func:`close_segments_at_padding`), not from the state stored at acting time: a replayed sequence's
+    state is refreshed at its start (LASER App. A.2) and the unroll carries it on, while the stored next
+    state belongs to the network that acted. (Reactor bootstraps inside its ``T + 1``-step unroll instead.)
+    """
+    next_value = torch.cat([value[..., 1:, :], value[..., -1:, :]], dim=-2)
+    rows = bootstrap.squeeze(-1)
+    if not rows.any():
+        return next_value
+    step = td.get("next")[rows].select(*observation_keys(in_keys, hidden_keys))
+    for key in hidden_keys:
+        step.set(key, unrolled.get(("next", key))[rows])
+    if hidden_keys:
+        step.set("is_init", torch.zeros(*step.shape, 1, dtype=torch.bool, device=step.device))
+    with set_recurrent_mode(False):
+        next_value[rows] = evaluate(step)
+    return next_value

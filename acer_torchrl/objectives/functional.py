@@ -143,17 +143,19 @@ def retrace(
                     + (1 - done_t) c_{t+1} (Q^ret_{t+1} - Q(s_{t+1}, a_{t+1})) ]``
 
     with the last row of the window bootstrapping on ``V(s_T)`` alone (``Q^ret <- V(x_k)`` in
-    Alg. 2-3, 0 when ``x_k`` is terminal). ``trace[t]`` is ``c_t`` for step ``t``'s own action:
-    ``min(c, rho_t)`` for ACER's discrete Retrace, ``min(1, rho_t^(1/d))`` for its continuous one
-    (Sec. 5), all ones for ``Q^opc`` (eq. 21, App. B). ``done_t`` cuts the trace so that the next
-    episode in the window (from row ``t+1``) never leaks into row ``t``.
+    Alg. 2-3, 0 when ``x_k`` is terminal). ``trace[t]`` is ``c_t`` for step ``t``'s own action, computed
+    by the caller, which chooses the truncation: ACER's discrete Retrace passes ``min(1, rho_t)`` (Alg. 2's
+    ``rho-bar_i``; eq. 5 writes ``min(c, rho_t)`` but the truncation ``c`` of eq. 9 is used in the policy
+    gradient only), its continuous one ``min(1, rho_t^(1/d))`` (Sec. 5.1, Alg. 3), ``Q^opc`` all ones
+    (eq. 21, App. B), Reactor ``lambda min(1, rho_t)`` (Gruslys et al. 2018, eq. 2). ``done_t`` cuts the
+    trace so that the next episode in the window (from row ``t+1``) never leaks into row ``t``.
 
     Args:
         gamma: discount, ``>= 0``.
         reward: ``r_t``, ``[*B, T, 1]``.
         state_action_value: ``Q(s_t, a_t)``, ``[*B, T, 1]``.
         next_state_value: ``V(s_{t+1})``, ``[*B, T, 1]``.
-        trace: ``c_t >= 0``, ``[*B, T, 1]``.
+        trace: ``c_t >= 0``, ``[*B, T, 1]``, already truncated (no clipping is applied here).
         terminated, done: bool ``[*B, T, 1]``.
 
     Returns:

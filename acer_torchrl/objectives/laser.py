@@ -5,9 +5,10 @@ Schmitt, Hessel & Simonyan, "Off-policy actor-critic with shared experience repl
 regression and entropy bonus; no Q function) with the paper's three changes:
 
 * **Mixed batches (sec. 3, Prop. 3, Fig. 2).** Every batch holds a share ``alpha`` of fresh online
-  windows, the rest sequences drawn uniformly from the replay (``alpha = 1/8``: the paper's 87.5%
-  replay); ``online_share=0`` is the pure-replay ablation of Fig. 2, ``1`` the no-replay baseline.
-  :meth:`LASERLoss.update_plan` hands the share to the shared trainer, which assembles the batch.
+  windows, the rest sequences drawn uniformly from the replay (``alpha = 1/8``: the 87.5% replay of
+  sec. 5.3 and Fig. 2, the paper's best DMLab-30 ratio); ``online_share=0`` is the pure-replay ablation of
+  Fig. 2, ``1`` the no-replay baseline. :meth:`LASERLoss.update_plan` hands the share to the shared
+  trainer, which assembles the batch.
 * **Trust region (sec. 4, eq. 7, sec. 4.3).** For every step the behaviour relevance
   ``beta_KL = KL(pi(.|s) || pi~_mu(.|s))`` (``pi~_mu`` the V-trace implied policy, eq. 3) is compared with
   a threshold ``b``; rejected steps (``beta_KL >= b``) are left out of the policy, value and entropy
@@ -20,7 +21,24 @@ regression and entropy bonus; no Q function) with the paper's three changes:
 Deviations: the trainer's optimiser is Adam (the paper used RMSProp) and clips gradients by norm
 (``optim.max_grad_norm``; the paper's Atari agent did not clip). The paper computed the entropy cost on
 online data only (sec. 5.1, "slightly better"); here it is computed on every relevant step, as the
-issue asks.
+issue asks. Further:
+
+* **The threshold ``b = 0.5`` is ours** (``laser.kl_threshold``): the paper defines ``b`` (sec. 4.1) but
+  reports no value for it. 0.5 nats of ``KL(pi || pi~_mu)`` rejects only steps whose implied policy is far
+  from ``pi``; it was not tuned against the paper's figures (sweep it when reproducing one).
+* **The Atari preset keeps ``alpha = 1/8`` and 32 sequences per batch.** Sec. 5.1 gives, for Atari, "96%
+  replay data per batch" and "mini-batches of 32 (regular) and 128 (replay) trajectories" of 19 steps;
+  the two do not agree (32 + 128 is 80% replay), so neither is copied. 160 trajectories per step through
+  the CNN would also dominate a CPU learner; the preset uses sec. 5.3's 7:8 with the batch of 32.
+* **The online windows are reused within a collected batch.** The trainer collects, then takes
+  ``updates_per_batch`` steps; each step's online share is the same freshest windows
+  (:class:`~acer_torchrl.replay.OnlineWindows`, older batches' windows filling a larger share), so an
+  online window is learned from ``updates_per_batch`` times (twice in the CartPole presets). In the
+  paper the online part of every update is new actor data (sec. 5.1: 32 "regular" trajectories per
+  update, from IMPALA's actor-learner queue). Distinct windows for every step would need
+  ``updates_per_batch`` times more frames per collected batch (or a trainer that interleaves collection
+  and steps); with ``updates_per_batch = 1`` and ``collector.frames_per_batch`` equal to the online
+  windows' steps (the Atari preset: 76 = 4 x 19), each window is used once.
 """
 
 from __future__ import annotations
@@ -34,7 +52,6 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torch import nn
-from torchrl.modules import set_recurrent_mode
 
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm
@@ -49,7 +66,15 @@ from acer_torchrl.modules import (
     policy_distribution,
     policy_keys,
 )
-from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask, trace_cut
+from acer_torchrl.objectives.common import (
+    ReplayLoss,
+    close_segments_at_padding,
+    masked_mean,
+    next_state_values,
+    observation_keys,
+    sequence_mask,
+    trace_cut,
+)
 from acer_torchrl.objectives.functional import implied_policy_kl, vtrace
 
 
@@ -60,7 +85,7 @@ class LASERConfig:
     rho_bar: float = 1.0  # V-trace clipping of the policy-gradient/TD weight rho (IMPALA eq. 1)
     c_bar: float = 1.0  # V-trace clipping of the trace coefficients c
     trust_region: bool = True  # reject steps with beta_KL >= kl_threshold (sec. 4.3); false: plain V-trace
-    kl_threshold: float = 0.5  # b of sec. 4.1: the largest KL(pi || pi~_mu) a step may have
+    kl_threshold: float = 0.5  # b of sec. 4.1 (no value in the paper; ours): the largest KL(pi || pi~_mu) kept
     kl_samples: int = 16  # Monte-Carlo draws of beta_KL for Gaussian policies (sec. 4.3)
     value_coef: float = 0.5  # weight of the value regression
     entropy_coef: float = 0.01  # entropy cost (the sweep's second hyper-parameter, sec. 5.1)
@@ -185,7 +210,7 @@ class LASERLoss(ReplayLoss):
             ("next", keys.reward),
             ("next", keys.done),
             ("next", keys.terminated),
-            *[("next", k) for k in self.network.in_keys if k not in self.hidden_keys and k != "is_init"],
+            *[("next", k) for k in observation_keys(self.network.in_keys, self.hidden_keys)],
         ]
 
     @property
@@ -202,43 +227,17 @@ class LASERLoss(ReplayLoss):
 
     # ------------------------------------------------------------------ pieces
     def _unroll(self, td: TensorDictBase, mask: torch.Tensor) -> TensorDictBase:
-        """The network over the sequences, on a shallow copy of ``td`` (behaviour keys stay apart).
+        """The network over the sequences, on a shallow copy of ``td`` (behaviour keys stay apart); when
+        recurrent, segments close at the last real step (:func:`.common.close_segments_at_padding`)."""
+        return self.network(close_segments_at_padding(td, mask) if self.hidden_keys else td.copy())
 
-        When recurrent, the first padding step gets ``is_init``: the LSTM then closes a segment at the
-        last real step, so its ``("next", state)`` there is the state after that step (see
-        :meth:`_next_state_value`); padding outputs are masked out anyway.
-        """
-        out = td.copy()
-        if self.hidden_keys:
-            after_real = torch.zeros_like(mask)
-            after_real[..., 1:, :] = mask[..., :-1, :] & ~mask[..., 1:, :]
-            out.set("is_init", out.get("is_init") | after_real)
-        return self.network(out)
-
-    @torch.no_grad()
     def _next_state_value(self, td: TensorDictBase, out: TensorDictBase, bootstrap: torch.Tensor) -> torch.Tensor:
-        """``V(s_{t+1})`` for every step, ``[B, T, 1]``.
-
-        Inside an episode it is the value of row ``t+1``. At ``bootstrap`` steps (window ends, the last
-        step before padding, truncations) row ``t+1`` is not ``s_{t+1}``: there the network runs once more
-        on ``("next", observation)``, with the recurrent state after step ``t`` when recurrent (the LSTM
-        writes its state at the end of every segment, i.e. before each ``is_init``).
-        """
-        value = out.get(self.tensor_keys.value)
-        next_value = torch.cat([value[..., 1:, :], value[..., -1:, :]], dim=-2)
-        rows = bootstrap.squeeze(-1)
-        if not rows.any():
-            return next_value
-        nxt = td.get("next")[rows]
-        obs_keys = [k for k in self.network.in_keys if k not in self.hidden_keys and k != "is_init"]
-        step = nxt.select(*obs_keys)
-        for key in self.hidden_keys:
-            step.set(key, out.get(("next", key))[rows])
-        if self.hidden_keys:
-            step.set("is_init", torch.zeros(*step.shape, 1, dtype=torch.bool, device=step.device))
-        with set_recurrent_mode(False):
-            next_value[rows] = self.network(step).get(self.tensor_keys.value)
-        return next_value
+        """``V(s_{t+1})`` for every step, ``[B, T, 1]``, bootstrapping from the unroll's recurrent state
+        (:func:`~acer_torchrl.objectives.common.next_state_values`)."""
+        return next_state_values(
+            td, out, out.get(self.tensor_keys.value), bootstrap, self.network.in_keys, self.hidden_keys,
+            lambda step: self.network(step).get(self.tensor_keys.value),
+        )
 
     def behaviour_relevance(self, pi_stats: TensorDictBase, mu_stats: TensorDictBase) -> torch.Tensor:
         """``beta_KL(s) = KL(pi(.|s) || pi~_mu(.|s))`` per step, ``[B, T, 1]`` (LASER sec. 4.3, eq. 3/8).
@@ -386,6 +385,8 @@ PRESETS: dict[str, dict] = {
         "gamma": 0.995,
         "total_frames": 10_000_000,
         "collector.frames_per_batch": 76,
+        # 4 online + 28 replayed sequences (1/8 online). Sec. 5.1: 32 online + 128 replayed, "96% replay";
+        # the two disagree (80% vs 96%) and 160 sequences a step are too many for a CPU learner (docstring)
         "replay.batch_size": 32,
         "replay.seq_len": 19,
         "replay.capacity": 200_000,

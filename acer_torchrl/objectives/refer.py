@@ -9,6 +9,9 @@ ReF-ER classifies each replayed step by its importance weight ``rho_t = pi(a_t|s
   recent ``rho`` stored for every step (eq. 12);
 * ``c_max`` and the learning rate are annealed with the number of environment steps (eq. 13).
 
+Without Rule 1 nothing bounds ``rho_t``: for the "Rule 2 only" ablation (ReF-ER-2) the paper clips every
+importance weight, ``rho_t <- min(rho_t, 10^3)`` (sec. 5.3); :meth:`ReFER.weight` does that, and only there.
+
 :class:`ReFER` holds that state (``beta``, the step counter ``t``, the last far fraction) as buffers, so
 it is checkpointed with the loss that owns it. It knows nothing of V-RACER: any loss that computes a
 per-step objective from importance weights of a parametric policy and can write the latest ``rho``
@@ -28,6 +31,8 @@ from torch import Tensor, nn
 
 from acer_torchrl.objectives.common import masked_mean
 from acer_torchrl.objectives.functional import refer_beta_update, refer_c_max
+
+RHO_CLIP_RULE2_ONLY = 1e3  # ReF-ER-2 (Rule 2 without Rule 1) clips rho_t <- min(rho_t, 10^3) (sec. 5.3)
 
 
 def gaussian_kl(loc_p: Tensor, scale_p: Tensor, loc_q: Tensor, scale_q: Tensor) -> Tensor:
@@ -94,6 +99,22 @@ class ReFER(nn.Module):
         if not self.rule1:
             return torch.ones_like(log_rho, dtype=torch.bool)
         return log_rho.abs() < math.log(self.c_max)
+
+    def weight(self, log_rho: Tensor, near: Tensor) -> Tensor:
+        """The importance weight ``rho_t`` entering the per-step objective (e.g. V-RACER's off-PG, eq. 5).
+
+        Far-policy steps (``near`` False) get 1 before ``exp``: :meth:`gate` drops their gradient, which thus
+        stays finite. With Rule 2 but not Rule 1 (ReF-ER-2), ``rho_t <- min(rho_t, 10^3)`` as in sec. 5.3
+        ("the results of ReF-ER-2 are obtained by clipping all importance weights"), clipped in log space so
+        that it cannot overflow; a clipped step has no gradient through ``rho``. The other uses of ``rho``
+        (``min(1, rho)`` in V^tbc, eq. 8; ``rho >= c_max`` in eq. 12, ``c_max <= 1 + C``) do not change under
+        the clip while ``C < 999``, so the ``rho`` stored in the replay is not clipped. Plain ER (both rules
+        off) is left unbounded: the paper states the clip for ReF-ER-2 only.
+        """
+        log_rho = torch.where(near, log_rho, torch.zeros_like(log_rho))
+        if self.rule2 and not self.rule1:
+            log_rho = log_rho.clamp_max(math.log(RHO_CLIP_RULE2_ONLY))
+        return log_rho.exp()
 
     def far_share(self, rho: Tensor) -> Tensor:
         """Fraction of far-policy weights among ``rho`` (any shape; ``n_far / N`` of eq. 12 over the replay)."""

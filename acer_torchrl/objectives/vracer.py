@@ -66,7 +66,7 @@ class VRACERConfig:
     C: float = 4.0  # ReF-ER: c_max(t) = 1 + C / (1 + A t) (eq. 13)
     A: float = 5e-7  # ReF-ER: annealing of c_max and of the learning rate (eq. 13)
     D: float = 0.1  # ReF-ER: tolerated far-policy fraction of the replay (eq. 12)
-    rule1: bool = True  # ReF-ER Rule 1 (skip far-policy samples); false for the ablation of sec. 5
+    rule1: bool = True  # ReF-ER Rule 1 (skip far-policy samples); false: ablation of sec. 5 (then rho <= 1e3, sec. 5.3)
     rule2: bool = True  # ReF-ER Rule 2 (KL penalty, beta of eq. 12); both false: plain ER
     steps_per_update: float = 1.0  # F: env steps per gradient step (App. A)
     # initial policy std in [-1, 1] action units: App. A's covariance Sigma = 0.2 I, i.e. std sqrt(0.2)
@@ -265,8 +265,9 @@ class VRACERLoss(ReplayLoss):
     * ``loss_value = beta mean_k[near_k * (V(s_k) - V^tbc_k)^2 / 2]`` (eq. 9);
     * ``loss_kl = (1 - beta) mean_k D_KL(mu_k || pi(.|s_k))`` (Rule 2, eq. 10-11);
 
-    with ``near_k = 1/c_max < rho_k < c_max`` (Rule 1). The three terms sum to the objective whose
-    gradient is Algorithm 3's ``-(1/B) sum_k g^ReF-ER_k``.
+    with ``near_k = 1/c_max < rho_k < c_max`` (Rule 1; without it every step is near, and with Rule 2
+    alone ``rho_k`` is clipped at 10^3 in the off-PG, sec. 5.3: :meth:`ReFER.weight`). The three terms sum
+    to the objective whose gradient is Algorithm 3's ``-(1/B) sum_k g^ReF-ER_k``.
 
     Args:
         network: learning module ``observation -> state_value, loc, scale`` (env units).
@@ -415,8 +416,7 @@ class VRACERLoss(ReplayLoss):
         value = out.get(keys.value)
         log_rho = self._log_rho(td, pi)
         near = self.refer.near_policy(log_rho.detach())  # Rule 1 (eq. 10)
-        # far-policy weights are replaced by 1 before exp: their (dropped) gradient stays finite
-        rho_near = torch.where(near, log_rho, torch.zeros_like(log_rho)).exp()
+        rho_near = self.refer.weight(log_rho, near)  # far-policy: 1; ReF-ER-2: min(rho, 10^3) (sec. 5.3)
         v_tbc = td.get(self._stored(VTBC))
         q_ret = td.get(self._stored(QRET))
         advantage = (q_ret - value).detach()
