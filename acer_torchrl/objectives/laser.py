@@ -395,7 +395,6 @@ PRESETS: dict[str, dict] = {
         "optim.lr": 6e-4,
         "laser.entropy_coef": 0.01,
         "eval.interval": 250_000,
-        "eval.episodes": 3,
         "log.checkpoint_interval": 250_000,
     },
     "mujoco": {
