@@ -47,6 +47,9 @@ class OptimConfig:
     eps: float = 1e-5
     max_grad_norm: float = 40.0
     weight_decay: float = 0.0
+    # linear step-size decay over the run: lr x (1 - (1 - lr_end_factor) x env_steps / total_frames);
+    # 1.0 keeps it constant (a constant step never settles near an optimum: Robbins-Monro wants it to shrink)
+    lr_end_factor: float = 1.0
 
 
 @dataclass
@@ -105,6 +108,8 @@ class Config:
             raise ConfigError(f"threads must be >= 0 (0: the cores the collector workers leave), got {self.threads}")
         if self.collector.workers < 0 or self.collector.frames_per_batch <= 0:
             raise ConfigError("collector.workers must be >= 0 and collector.frames_per_batch > 0")
+        if not 0.0 <= self.optim.lr_end_factor <= 1.0:
+            raise ConfigError(f"optim.lr_end_factor must be in [0, 1] (1: constant lr), got {self.optim.lr_end_factor}")
         r = self.replay
         if r.capacity <= 0 or r.batch_size <= 0 or r.seq_len <= 0:
             raise ConfigError("replay.capacity, replay.batch_size and replay.seq_len must be > 0")

@@ -202,8 +202,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
-        for group in self.optimizer.param_groups:  # learning-rate annealing of the loss (e.g. ReF-ER eq. 13)
-            group["lr"] = self.cfg.optim.lr * self.loss.lr_scale()
+        for group in self.optimizer.param_groups:  # the run's schedule x the loss's own annealing (ReF-ER eq. 13)
+            group["lr"] = self.cfg.optim.lr * self.lr_schedule() * self.loss.lr_scale()
         self.optimizer.step()
         for updater in self.agent.updaters:
             updater.step()
@@ -212,6 +212,11 @@ class Trainer:
         stats = {k: float(v.detach().float().mean()) for k, v in out.items() if v.numel() >= 1}
         stats["grad_norm"] = float(grad_norm)
         return stats
+
+    def lr_schedule(self) -> float:
+        """``optim.lr``'s factor at this point of the run: linear from 1 to ``optim.lr_end_factor``."""
+        progress = min(self.counters.env_steps / self.cfg.total_frames, 1.0)
+        return 1.0 - (1.0 - self.cfg.optim.lr_end_factor) * progress
 
     # ------------------------------------------------------------------ loop
     def train(self) -> dict:

@@ -48,12 +48,14 @@ def test_final_window_steps():
 
 def test_short_run_evaluates_three_times_in_its_final_window(tmp_path):
     """With evaluations far apart (eval.interval beyond the run) the trainer still evaluates at 90, 95 and
-    100 % of total_frames, and summary.json carries the final score, the last evaluation and their count."""
+    100 % of total_frames, and summary.json carries the final score, the last evaluation and their count; the
+    logged step size follows optim.lr_end_factor."""
     from acer_torchrl.cli import run
 
     summary = run("acer", ["total_frames=640", "collector.workers=0", "collector.frames_per_batch=16",
                            "replay.min_size=64", "replay.batch_size=4", "network.hidden=[16]", "eval.interval=100000",
-                           "eval.episodes=2", "eval.max_steps=50", "log.progress=false", f"run_dir={tmp_path}"])
+                           "eval.episodes=2", "eval.max_steps=50", "log.progress=false", f"run_dir={tmp_path}",
+                           "optim.lr=0.001", "optim.lr_end_factor=0.5"])
     rows = [r.split(",") for r in (tmp_path / "metrics.csv").read_text().splitlines()]
     column = rows[0].index("eval_return_mean")
     evaluations = [(int(float(r[0])), float(r[column])) for r in rows[1:] if r[column]]
@@ -62,3 +64,21 @@ def test_short_run_evaluates_three_times_in_its_final_window(tmp_path):
     assert summary["eval_return_mean"] == pytest.approx(sum(r for _, r in evaluations) / 3)
     assert summary["eval_return_last"] == evaluations[-1][1]
     assert json.loads((tmp_path / "summary.json").read_text())["eval_episodes"] == 2
+    # the last update (in the batch that reached total_frames) stepped with lr x lr_end_factor
+    assert float(rows[-1][rows[0].index("lr")]) == pytest.approx(0.0005)
+
+
+def test_linear_lr_schedule_reaches_its_end_factor(tmp_path):
+    """optim.lr_end_factor: the step size an update uses falls linearly with the env steps, from optim.lr at
+    the start to lr x lr_end_factor at total_frames (and stays there if a resumed run goes on)."""
+    from acer_torchrl.config import load_config
+    from acer_torchrl.trainer import Trainer
+
+    trainer = Trainer(load_config("acer", ["total_frames=1000", "optim.lr=0.002", "optim.lr_end_factor=0.25",
+                                           "collector.workers=0", f"run_dir={tmp_path}", "log.progress=false"]))
+    for steps, factor in ((0, 1.0), (500, 0.625), (1000, 0.25), (4000, 0.25)):
+        trainer.counters.env_steps = steps
+        assert trainer.lr_schedule() == pytest.approx(factor)
+    constant = Trainer(load_config("acer", ["total_frames=1000", "collector.workers=0", f"run_dir={tmp_path}/c"]))
+    constant.counters.env_steps = 700
+    assert constant.lr_schedule() == 1.0
