@@ -43,6 +43,7 @@ from tensordict.nn import TensorDictModuleBase
 from acer_torchrl.config import Config, ConfigError, _coerce, dump_yaml, load_config, parse_overrides
 from acer_torchrl.replay import SLOT_KEY, TRAJ_KEY, EpisodeReplay, refresh_from_prefix
 from acer_torchrl.trainer import Trainer
+from acer_torchrl.validation import allowed, check_allowed
 
 SAMPLED_FILE = "sampled_by_agent.json"  # an agent's replayed-step counts per source agent, in its checkpoint
 AGENT_KEY = "agent_id"  # int64 [..., 1]: the sweep agent whose behaviour policy produced the step
@@ -242,6 +243,8 @@ class SweepAgentTrainer(Trainer):
 
 
 # ---------------------------------------------------------------------------------------------- sweep config
+@allowed(agents="[1, 256]", mode=("local", "processes"), lr_factors="(0, inf)", entropy_factors="[0, inf)",
+         port="[1, 65534]")
 @dataclass
 class SweepConfig:
     """The sweep's own keys (``agents=``, ``mode=``, ``sweep.<field>=``); every other key configures the agents.
@@ -259,10 +262,7 @@ class SweepConfig:
     port: int = 29533  # mode=processes: gloo on port, RPC on port + 1
 
     def validate(self) -> None:
-        if self.agents < 1:
-            raise ConfigError(f"agents must be >= 1, got {self.agents}")
-        if self.mode not in ("local", "processes"):
-            raise ConfigError(f"mode must be local or processes, got {self.mode!r}")
+        check_allowed(self, "sweep.")
         if not self.lr_factors or not self.entropy_factors:
             raise ConfigError("sweep.lr_factors and sweep.entropy_factors need at least one value each")
 
