@@ -315,7 +315,7 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
         saved = Path(given["resume"]) / "config.yaml"
         if not saved.is_file():
             raise ConfigError(f"resume={given['resume']}: no config.yaml there (not a run directory?)")
-        cfg = from_dict(yaml.safe_load(saved.read_text()))
+        cfg = _saved_config(saved, given["resume"])
         for key, value in pairs:
             if key not in ("loss", "preset"):
                 set_key(cfg, key, value)
@@ -340,6 +340,27 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
             set_key(cfg, key, value)
     cfg.validate()
     return cfg
+
+
+def _saved_config(path: Path, resume: str) -> Config:
+    """The config saved in ``path`` (a run's ``config.yaml``); a one-line :class:`ConfigError` when that file
+    is unreadable, empty, not YAML or not a run's configuration."""
+    fix = "restore that file, or start a new run with run_dir=<new dir>"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as err:
+        where = err.problem_mark or err.context_mark
+        line = f" at line {where.line + 1}" if where is not None else ""
+        problem = f"{err.problem or err.context}{line}"
+        raise ConfigError(f"resume={resume}: {path} is not valid YAML ({problem}); {fix}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"resume={resume}: {path} cannot be read ({type(err).__name__}); {fix}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("loss", "acer"), str):
+        raise ConfigError(f"resume={resume}: {path} holds no run configuration (empty or not a mapping); {fix}")
+    try:
+        return from_dict(data)
+    except (ConfigError, TypeError) as err:
+        raise ConfigError(f"resume={resume}: {path}: {err}") from None
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
