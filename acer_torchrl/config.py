@@ -105,6 +105,7 @@ class Config:
     threads: int = 0
     run_dir: str | None = None
     resume: str | None = None
+    overwrite: bool = False  # run_dir= may hold a finished run (summary.json, checkpoint): replace its files
     env: EnvConfig = field(default_factory=EnvConfig)
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
@@ -144,6 +145,8 @@ class Config:
                 f"collector.frames_per_batch={self.collector.frames_per_batch} exceeds replay.capacity="
                 f"{self.replay.capacity}: a collected batch must fit in the replay; lower one or raise the other"
             )
+        if self.run_dir is not None and not self.run_dir.strip():
+            raise ConfigError("run_dir= is empty; give a directory, or drop the key for a fresh runs/<name>")
         from acer_torchrl.envs import validate_env_config
 
         try:

@@ -33,6 +33,7 @@ from acer_torchrl.config import Config, dump_yaml
 from acer_torchrl.envs import EnvConfig, env_info, make_env, make_env_fn
 from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, plot_learning_curve
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows
+from acer_torchrl.rundir import prepare_run_dir
 
 
 class TrainingError(RuntimeError):
@@ -89,10 +90,10 @@ class Trainer:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        cfg.run_dir = str(self.run_dir)
         self.device = resolve_device(cfg.device)
+        run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
+        self.run_dir = prepare_run_dir(run_dir, resume=bool(cfg.resume), overwrite=cfg.overwrite)
+        cfg.run_dir = str(self.run_dir)
         torch.set_num_threads(learner_threads(cfg))
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
