@@ -175,6 +175,7 @@ class ACERLoss(ReplayLoss):
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
+    value_keys = ("value_mean", "q_ret_mean")
 
     actor_network: TensorDictModuleBase
     actor_network_params: TensorDictParams

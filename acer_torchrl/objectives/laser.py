@@ -157,6 +157,7 @@ class LASERLoss(ReplayLoss):
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
+    value_keys = ("value_target",)
 
     def __init__(
         self,

@@ -339,6 +339,7 @@ class ReactorLoss(ReplayLoss):
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
+    value_keys = ("q_ret", "q_taken")
 
     network: TensorDictSequential
     network_params: TensorDictParams

@@ -301,6 +301,7 @@ class VRACERLoss(ReplayLoss):
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
+    value_keys = ("state_value", "next_state_value")
 
     def __init__(
         self,
