@@ -40,4 +40,16 @@ def main(recipe: str, argv: list[str] | None = None) -> int:
         f"{summary['wall_time_s']:.0f} s "
         f"({summary['env_steps_per_s']:.0f} steps/s); run dir {summary['run_dir']}"
     )
+    warn_if_diverged(summary)
     return 0
+
+
+def warn_if_diverged(summary: dict) -> None:
+    """Repeat a divergence (summary.json's ``health``) under the final line, where it cannot scroll away."""
+    health = summary.get("health", {})
+    if health.get("status") == "diverged":
+        print(
+            f"warning: this run diverged at update {health['update']} ({health['statistic']}, see health in "
+            "summary.json); lower optim.lr",
+            file=sys.stderr,
+        )

@@ -4,12 +4,15 @@ A run is described by :class:`Config`: shared sections (env, collector, replay, 
 log) plus one section per registered algorithm (``acer.*``, ``reactor.*``...), whose dataclass lives next
 to its loss module. ``loss=<name>`` picks the algorithm; ``preset=<name>`` applies that algorithm's named
 override set first; ``key=value`` pairs are applied last. Every mistake a user can make here (unknown key,
-value of the wrong type, unknown preset) raises :class:`ConfigError` with one line naming the key and the fix.
+value of the wrong type or outside the range its dataclass declares with :func:`~acer_torchrl.validation.allowed`,
+unknown preset) raises :class:`ConfigError` with one line naming the key and the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,18 +22,22 @@ from typing import Any
 import yaml
 
 from acer_torchrl.envs import EnvConfig
+from acer_torchrl.validation import INT64, ConfigError, allowed, check_allowed
+
+ACTIVATIONS = ("relu", "tanh", "elu", "softsign")
+# the largest layer width accepted: a mistyped width (e.g. 1e6) would otherwise try to allocate terabytes
+MAX_WIDTH = "[1, 8192]"
 
 
-class ConfigError(ValueError):
-    """A user mistake in the configuration; the CLI prints its message as one line."""
-
-
+@allowed(workers="[0, 256]", frames_per_batch="[1, 1e6]")
 @dataclass
 class CollectorConfig:
     workers: int = 2  # collector processes; 0 = single process in the learner (debugging)
     frames_per_batch: int = 64  # env steps in one yielded batch (one worker, all its envs)
 
 
+@allowed(capacity="[1, 1e9]", batch_size="[1, 1e6]", seq_len="[1, 1e4]", min_size="[0, inf)",
+         recurrent_state=("refresh", "stored", "zero"))
 @dataclass
 class ReplayConfig:
     capacity: int = 50_000  # env steps held (whole episodes evicted oldest first)
@@ -41,6 +48,7 @@ class ReplayConfig:
     recurrent_state: str = "refresh"  # refresh | stored | zero: LSTM state at a sampled sequence's start
 
 
+@allowed(lr="(0, inf)", eps="(0, inf)", max_grad_norm="(0, inf]", weight_decay="[0, inf)", lr_end_factor="[0, 1]")
 @dataclass
 class OptimConfig:
     lr: float = 1e-3
@@ -52,6 +60,7 @@ class OptimConfig:
     lr_end_factor: float = 1.0
 
 
+@allowed(hidden=MAX_WIDTH, activation=ACTIVATIONS, lstm_hidden=MAX_WIDTH)
 @dataclass
 class NetworkConfig:
     hidden: list[int] = field(default_factory=lambda: [128, 128])  # MLP encoder widths
@@ -60,6 +69,7 @@ class NetworkConfig:
     lstm_hidden: int = 128
 
 
+@allowed(interval="[1, inf)", episodes="[1, inf)", max_steps="[1, inf)")
 @dataclass
 class EvalConfig:
     interval: int = 5_000  # env steps between greedy evaluations (more at 90, 95, 100 % for the final score)
@@ -67,13 +77,21 @@ class EvalConfig:
     max_steps: int = 10_000  # per evaluation episode
 
 
+@allowed(checkpoint_interval="[1, inf)")
 @dataclass
 class LogConfig:
     progress: bool = True  # tqdm progress bar
     tensorboard: bool = False
     checkpoint_interval: int = 10_000  # env steps between checkpoints (also written at the end)
 
+    def validate(self, cfg: Config) -> None:
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError(
+                "log.tensorboard=true needs the tensorboard package: pip install 'acer-torchrl[tensorboard]'"
+            )
 
+
+@allowed(seed="[0, 1e9]", total_frames="[1, inf)", gamma="(0, 1]", threads="[0, 1024]")
 @dataclass
 class Config:
     loss: str = "acer"
@@ -87,6 +105,7 @@ class Config:
     threads: int = 0
     run_dir: str | None = None
     resume: str | None = None
+    overwrite: bool = False  # run_dir= may hold a finished run (summary.json, checkpoint): replace its files
     env: EnvConfig = field(default_factory=EnvConfig)
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
@@ -97,41 +116,46 @@ class Config:
     # the selected algorithm's own section (ACERConfig, ...), filled by :func:`load_config`
     algo: Any = None
 
+    def sections(self) -> list[tuple[str, Any]]:
+        """``(key prefix, dataclass)`` of this config and of each of its sections, the algorithm's included."""
+        nested = [(f"{f.name}.", getattr(self, f.name)) for f in dataclasses.fields(self)]
+        return [("", self)] + [(p, s) for p, s in nested if dataclasses.is_dataclass(s) and p != "algo."] + [
+            (f"{self.loss}.", self.algo)
+        ]
+
     def validate(self) -> None:
-        if self.total_frames <= 0:
-            raise ConfigError(f"total_frames must be > 0, got {self.total_frames}")
-        if not 0.0 < self.gamma <= 1.0:
-            raise ConfigError(f"gamma must be in (0, 1], got {self.gamma}")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.threads < 0:
-            raise ConfigError(f"threads must be >= 0 (0: the cores the collector workers leave), got {self.threads}")
-        if self.collector.workers < 0 or self.collector.frames_per_batch <= 0:
-            raise ConfigError("collector.workers must be >= 0 and collector.frames_per_batch > 0")
-        if not 0.0 <= self.optim.lr_end_factor <= 1.0:
-            raise ConfigError(f"optim.lr_end_factor must be in [0, 1] (1: constant lr), got {self.optim.lr_end_factor}")
-        r = self.replay
-        if r.capacity <= 0 or r.batch_size <= 0 or r.seq_len <= 0:
-            raise ConfigError("replay.capacity, replay.batch_size and replay.seq_len must be > 0")
-        if r.recurrent_state not in ("refresh", "stored", "zero"):
+        """Every declared range (:func:`~acer_torchrl.validation.allowed`), then the checks across fields."""
+        for prefix, section in self.sections():
+            check_allowed(section, prefix)
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:<index>, got {self.device!r}")
+        if self.replay.min_size > self.replay.capacity:
             raise ConfigError(
-                f"replay.recurrent_state must be refresh, stored or zero, got {r.recurrent_state!r}"
+                f"replay.min_size={self.replay.min_size} exceeds replay.capacity={self.replay.capacity}: "
+                "replay updates would never start; lower replay.min_size"
             )
-        if self.network.activation not in ACTIVATIONS:
+        steps_per_batch = self.replay.batch_size * self.replay.seq_len
+        if steps_per_batch > self.replay.capacity:
             raise ConfigError(
-                f"network.activation must be one of {sorted(ACTIVATIONS)}, got {self.network.activation!r}"
+                f"replay.batch_size x replay.seq_len = {steps_per_batch} steps per update exceed "
+                f"replay.capacity={self.replay.capacity}; lower them or raise replay.capacity"
             )
+        if self.collector.frames_per_batch > self.replay.capacity:
+            raise ConfigError(
+                f"collector.frames_per_batch={self.collector.frames_per_batch} exceeds replay.capacity="
+                f"{self.replay.capacity}: a collected batch must fit in the replay; lower one or raise the other"
+            )
+        if self.run_dir is not None and not self.run_dir.strip():
+            raise ConfigError("run_dir= is empty; give a directory, or drop the key for a fresh runs/<name>")
         from acer_torchrl.envs import validate_env_config
 
         try:
             validate_env_config(self.env)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        if hasattr(self.algo, "validate"):
-            self.algo.validate(self)
-
-
-ACTIVATIONS = ("relu", "tanh", "elu", "softsign")
+        for _, section in self.sections()[1:]:
+            if hasattr(section, "validate"):
+                section.validate(self)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,6 +170,24 @@ def _parse_bool(text: str) -> bool:
     if lowered in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"expected true/false, got {text!r}")
+
+
+def _parse_int(value: Any) -> int:
+    """``3``, ``"3"``, ``"10_000"``, ``"1e4"`` or ``4.0`` as an int; a ValueError for anything else."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an integer") from None
+    if not number.is_integer():
+        raise ValueError(f"{value} is not an integer")
+    return int(number)
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -176,14 +218,17 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         if annotation is int:
             if isinstance(value, bool):
                 raise ValueError("a boolean is not an integer")
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(f"{value} is not an integer")
-            text = str(value).replace("_", "")
-            return int(float(text)) if "e" in text.lower() else int(text)
+            number = _parse_int(value)
+            if not INT64[0] <= number <= INT64[1]:
+                raise ValueError(f"{value} is out of the 64-bit integer range")
+            return number
         if annotation is float:
             if isinstance(value, bool):
                 raise ValueError("a boolean is not a number")
-            return float(value)
+            try:
+                return float(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not a number") from None
         if annotation is str:
             return str(value)
     except (TypeError, ValueError) as err:
@@ -201,9 +246,11 @@ def _valid_keys(obj: Any, prefix: str = "") -> list[str]:
     keys = []
     for name, annotation in _field_types(obj).items():
         value = getattr(obj, name)
+        if name == "algo" and isinstance(obj, Config):  # its keys are <loss>.<field>
+            continue
         if dataclasses.is_dataclass(value):
             keys += _valid_keys(value, f"{prefix}{name}.")
-        elif name != "algo":
+        else:
             keys.append(prefix + name)
     return keys
 
@@ -271,7 +318,7 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
         saved = Path(given["resume"]) / "config.yaml"
         if not saved.is_file():
             raise ConfigError(f"resume={given['resume']}: no config.yaml there (not a run directory?)")
-        cfg = from_dict(yaml.safe_load(saved.read_text()))
+        cfg = _saved_config(saved, given["resume"])
         for key, value in pairs:
             if key not in ("loss", "preset"):
                 set_key(cfg, key, value)
@@ -296,6 +343,27 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
             set_key(cfg, key, value)
     cfg.validate()
     return cfg
+
+
+def _saved_config(path: Path, resume: str) -> Config:
+    """The config saved in ``path`` (a run's ``config.yaml``); a one-line :class:`ConfigError` when that file
+    is unreadable, empty, not YAML or not a run's configuration."""
+    fix = "restore that file, or start a new run with run_dir=<new dir>"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as err:
+        where = err.problem_mark or err.context_mark
+        line = f" at line {where.line + 1}" if where is not None else ""
+        problem = f"{err.problem or err.context}{line}"
+        raise ConfigError(f"resume={resume}: {path} is not valid YAML ({problem}); {fix}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"resume={resume}: {path} cannot be read ({type(err).__name__}); {fix}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("loss", "acer"), str):
+        raise ConfigError(f"resume={resume}: {path} holds no run configuration (empty or not a mapping); {fix}")
+    try:
+        return from_dict(data)
+    except (ConfigError, TypeError) as err:
+        raise ConfigError(f"resume={resume}: {path}: {err}") from None
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -38,6 +38,8 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torchrl.envs import EnvBase, GymWrapper, InitTracker, RewardSum, StepCounter, TransformedEnv
 from torchrl.envs.transforms import Transform
 
+from acer_torchrl.validation import check_allowed, allowed
+
 gym.register_envs(ale_py)
 
 FAMILIES = (
@@ -48,6 +50,8 @@ FAMILIES = (
 _CARTPOLE_POSITIONS = [0, 2]  # cart position x and pole angle theta; 1 and 3 are their velocities
 
 
+@allowed(num_envs="[1, 1024]", frame_skip="[1, 1000]", noop_max="[0, inf)", frame_stack="[1, 64]",
+         max_episode_steps="[1, inf)", repeat_action_probability="[0, 1]")
 @dataclass
 class EnvConfig:
     name: str = "CartPole-v1"  # a gymnasium id of one of FAMILIES
@@ -93,16 +97,9 @@ def env_family(name: str) -> str:
 
 
 def _validate(cfg: EnvConfig) -> None:
-    for key, low in (("num_envs", 1), ("frame_skip", 1), ("noop_max", 0), ("frame_stack", 1)):
-        if getattr(cfg, key) < low:
-            raise ValueError(f"env.{key} must be >= {low}, got {getattr(cfg, key)}")
-    if cfg.max_episode_steps is not None and cfg.max_episode_steps < 1:
-        raise ValueError(f"env.max_episode_steps must be >= 1 or None, got {cfg.max_episode_steps}")
+    check_allowed(cfg, "env.")
     if cfg.pomdp and cfg.name != "CartPole-v1":
         raise ValueError(f"env.pomdp=true is defined for CartPole-v1 only (got env.name {cfg.name!r})")
-    rap = cfg.repeat_action_probability
-    if rap is not None and not 0.0 <= rap <= 1.0:
-        raise ValueError(f"env.repeat_action_probability must be in [0, 1] or None, got {rap}")
 
 
 class _VectorObservation(gym.ObservationWrapper):

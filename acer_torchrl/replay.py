@@ -37,12 +37,38 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
 
+from acer_torchrl.validation import ConfigError
+
 TRAJ_KEY = ("collector", "traj_ids")
 SLOT_KEY = "slot"  # storage slot of every sampled step
 MASK_KEY = "mask"  # False on padding steps past the end of a sequence's episode
 STEP_KEY = "step_count"  # the env's step counter (TorchRL's StepCounter): finds steps the collectors dropped
 _LINKS = ("episode", "position", "prev", "next", "first", "alive", "end_entry")
 SUCCESSOR_KEYS = ("observation",)  # keys whose ("next", key) is the successor step's key: stored once
+LINK_BYTES = 6 * 8 + 1  # the per-slot links: six int64 and one bool
+
+
+def available_memory() -> int | None:
+    """Bytes of RAM the kernel can still hand out (``MemAvailable`` of ``/proc/meminfo``); None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(capacity: int, nbytes: int, what: str) -> None:
+    """A one-line :class:`ConfigError` when ``nbytes`` (``what`` of a replay of ``capacity`` steps) exceed the
+    available memory: an allocation that large gets the process killed by the kernel, with no message."""
+    available = available_memory()
+    if available is not None and nbytes > available:
+        raise ConfigError(
+            f"replay.capacity={capacity}: {what} need {nbytes / 2**30:.1f} GiB of memory, {available / 2**30:.1f} GiB "
+            "are available; lower replay.capacity (or set replay.memmap=true for large observations)"
+        )
 
 
 def as_rows(batch: TensorDictBase) -> TensorDictBase:
@@ -69,6 +95,9 @@ class EpisodeReplay:
         seed: int = 0,
     ):
         self.capacity = capacity
+        self.in_memory = scratch_dir is None
+        check_memory(capacity, capacity * LINK_BYTES, "its episode links")
+
         def storage(subdir: str | None = None):
             if scratch_dir is None:
                 return LazyTensorStorage(capacity)
@@ -113,6 +142,9 @@ class EpisodeReplay:
         n_rows, T = traj.shape
         if flat.numel() > self.capacity:
             raise ValueError(f"a collected batch of {flat.numel()} steps exceeds replay.capacity={self.capacity}")
+        if self.steps_written == 0 and self.in_memory:
+            step_bytes = sum(v[0].numel() * v.element_size() for v in flat.values(True, True))
+            check_memory(self.capacity, self.capacity * step_bytes, f"its steps ({step_bytes} bytes each)")
         # slots the round-robin writer will use: evict the episodes living there first
         start = self.steps_written % self.capacity
         slots = (start + torch.arange(flat.numel())) % self.capacity

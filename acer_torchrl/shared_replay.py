@@ -42,7 +42,9 @@ from tensordict.nn import TensorDictModuleBase
 
 from acer_torchrl.config import Config, ConfigError, _coerce, dump_yaml, load_config, parse_overrides
 from acer_torchrl.replay import SLOT_KEY, TRAJ_KEY, EpisodeReplay, refresh_from_prefix
+from acer_torchrl.rundir import make_writable_dir
 from acer_torchrl.trainer import Trainer
+from acer_torchrl.validation import allowed, check_allowed
 
 SAMPLED_FILE = "sampled_by_agent.json"  # an agent's replayed-step counts per source agent, in its checkpoint
 AGENT_KEY = "agent_id"  # int64 [..., 1]: the sweep agent whose behaviour policy produced the step
@@ -242,6 +244,8 @@ class SweepAgentTrainer(Trainer):
 
 
 # ---------------------------------------------------------------------------------------------- sweep config
+@allowed(agents="[1, 256]", mode=("local", "processes"), lr_factors="(0, inf)", entropy_factors="[0, inf)",
+         port="[1, 65534]")
 @dataclass
 class SweepConfig:
     """The sweep's own keys (``agents=``, ``mode=``, ``sweep.<field>=``); every other key configures the agents.
@@ -259,10 +263,7 @@ class SweepConfig:
     port: int = 29533  # mode=processes: gloo on port, RPC on port + 1
 
     def validate(self) -> None:
-        if self.agents < 1:
-            raise ConfigError(f"agents must be >= 1, got {self.agents}")
-        if self.mode not in ("local", "processes"):
-            raise ConfigError(f"mode must be local or processes, got {self.mode!r}")
+        check_allowed(self, "sweep.")
         if not self.lr_factors or not self.entropy_factors:
             raise ConfigError("sweep.lr_factors and sweep.entropy_factors need at least one value each")
 
@@ -338,7 +339,7 @@ def _shared_storage(cfg: Config, sweep_dir: Path, n_agents: int) -> SharedReplay
 def run_sweep(sweep: SweepConfig, overrides: list[str]) -> dict:
     """All agents in this process with one shared replay; one collected batch per agent per round."""
     sweep_dir, cfgs = agent_configs(sweep, overrides)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    make_writable_dir(sweep_dir, "run_dir")
     shared = _shared_storage(cfgs[0], sweep_dir, len(cfgs))
     trainers = [
         SweepAgentTrainer(cfg, AgentReplay(shared, i, len(cfgs), owner=i == 0)) for i, cfg in enumerate(cfgs)
@@ -385,7 +386,7 @@ def run_sweep_rank(
     dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{port}", rank=rank, world_size=world_size)
     shared = None
     if rank == 0:
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        make_writable_dir(sweep_dir, "run_dir")
         shared = _shared_storage(cfg, sweep_dir, world_size)
     handle = AgentReplay(shared if rank == 0 else RemoteReplay("agent0"), rank, world_size, owner=rank == 0)
     trainer = SweepAgentTrainer(cfg, handle)  # when resuming, rank 0 restores the replay before serving it

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +32,10 @@ from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_check
 from acer_torchrl.collectors import make_collector
 from acer_torchrl.config import Config, dump_yaml
 from acer_torchrl.envs import EnvConfig, env_info, make_env, make_env_fn
+from acer_torchrl.health import Health
 from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, plot_learning_curve
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows
+from acer_torchrl.rundir import prepare_run_dir
 
 
 class TrainingError(RuntimeError):
@@ -49,6 +52,7 @@ class Counters:
     next_eval: int = 0
     next_checkpoint: int = 0
     rng: dict = field(default_factory=dict)
+    health: dict = field(default_factory=dict)  # Health.state(): the divergence watch
 
 
 def resolve_device(name: str) -> torch.device:
@@ -89,10 +93,10 @@ class Trainer:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        cfg.run_dir = str(self.run_dir)
         self.device = resolve_device(cfg.device)
+        run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
+        self.run_dir = prepare_run_dir(run_dir, resume=bool(cfg.resume), overwrite=cfg.overwrite)
+        cfg.run_dir = str(self.run_dir)
         torch.set_num_threads(learner_threads(cfg))
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
@@ -110,6 +114,7 @@ class Trainer:
         self.online = OnlineWindows(self.loss.seq_len)
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard)
+        self.health = Health(self.loss.value_keys)
         if cfg.resume:
             self._resume()
         else:
@@ -147,6 +152,7 @@ class Trainer:
                 updater.counter = count
         self.counters = Counters(**counters)
         self.counters.restarts += 1
+        self.health.load_state(self.counters.health)
         if self.counters.rng:
             self.rng.bit_generator.state = self.counters.rng
         self.log.load_existing(self.counters.env_steps)
@@ -158,6 +164,7 @@ class Trainer:
 
     def checkpoint(self) -> None:
         self.counters.rng = self.rng.bit_generator.state
+        self.counters.health = self.health.state()
         save_checkpoint(self.run_dir, self.state(), vars(self.counters), self.replay)
 
     # ------------------------------------------------------------------ learning
@@ -211,12 +218,19 @@ class Trainer:
         self.loss.after_update(batch, out, self.replay)
         stats = {k: float(v.detach().float().mean()) for k, v in out.items() if v.numel() >= 1}
         stats["grad_norm"] = float(grad_norm)
+        self.watch_health(stats)
         return stats
 
     def lr_schedule(self) -> float:
         """``optim.lr``'s factor at this point of the run: linear from 1 to ``optim.lr_end_factor``."""
         progress = min(self.counters.env_steps / self.cfg.total_frames, 1.0)
         return 1.0 - (1.0 - self.cfg.optim.lr_end_factor) * progress
+
+    def watch_health(self, stats: dict[str, float]) -> None:
+        """Hand an update's statistics to the divergence watch; its warning (once) goes to stderr."""
+        warning = self.health.observe(stats, self.counters.updates, self.counters.env_steps)
+        if warning is not None:
+            tqdm.write(warning, file=sys.stderr)
 
     # ------------------------------------------------------------------ loop
     def train(self) -> dict:
@@ -267,6 +281,7 @@ class Trainer:
             "env_steps_per_s": round(c.env_steps / max(c.wall_time_s, 1e-9), 1),
             "collector_dropped_steps": self.replay.steps_missing,
             "restarts": c.restarts,
+            "health": self.health.summary(),  # ok, or diverged at its first bad update (acer_torchrl.health)
             "run_dir": str(self.run_dir),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

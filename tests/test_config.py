@@ -32,7 +32,7 @@ def test_overrides_are_typed_and_nested():
         ("gamma=1.5", "gamma must be in (0, 1]"),
         ("seed", "expected key=value"),
         ("reactor.tau=3", "belongs to loss=reactor but this run uses loss=acer"),
-        ("threads=-1", "threads must be >= 0"),
+        ("threads=-1", "threads must be in [0, 1024], got -1"),
     ],
 )
 def test_bad_values_raise_one_clear_line(override, fragment):

@@ -206,9 +206,9 @@ def test_unknown_env_ids(name, match):
 def test_config_errors():
     with pytest.raises(ValueError, match=r"env.pomdp=true is defined for CartPole-v1 only"):
         make_env(EnvConfig("Pendulum-v1", pomdp=True))
-    with pytest.raises(ValueError, match=r"env.num_envs must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"env.num_envs must be in \[1, 1024\], got 0"):
         make_env(EnvConfig(num_envs=0))
-    with pytest.raises(ValueError, match=r"env.max_episode_steps must be >= 1 or None"):
+    with pytest.raises(ValueError, match=r"env.max_episode_steps must be >= 1 or none, got 0"):
         make_env(EnvConfig(max_episode_steps=0))
 
 

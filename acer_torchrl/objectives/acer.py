@@ -54,7 +54,7 @@ from torchrl.objectives import SoftUpdate
 
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm
-from acer_torchrl.config import Config, ConfigError
+from acer_torchrl.config import MAX_WIDTH, Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import (
     BEHAVIOUR,
@@ -77,8 +77,11 @@ from acer_torchrl.objectives.common import (
     trace_cut,
 )
 from acer_torchrl.replay import MASK_KEY
+from acer_torchrl.validation import allowed
 
 
+@allowed(replay_ratio="[0, 1000]", c="(0, inf)", delta="(0, inf)", alpha="[0, 1)", entropy_coef="[0, inf)",
+         critic_coef="[0, inf)", sdn_samples="[1, 1000]", sdn_hidden=MAX_WIDTH, init_std="(0, inf)")
 @dataclass
 class ACERConfig:
     """``acer.<field>=`` overrides (paper values: Atari sec. 4, MuJoCo sec. 6)."""
@@ -97,18 +100,9 @@ class ACERConfig:
     learn_std: bool = False  # learn a state-independent std instead of the fixed one
 
     def validate(self, cfg: Config) -> None:
-        if self.replay_ratio < 0:
-            raise ConfigError(f"acer.replay_ratio must be >= 0, got {self.replay_ratio}")
+        """The checks across fields (each field's range is declared above)."""
         if self.on_policy is False and self.replay_ratio == 0:
             raise ConfigError("acer.on_policy=false with acer.replay_ratio=0 never updates; set one of them")
-        if self.c <= 0 or self.delta <= 0:
-            raise ConfigError(f"acer.c and acer.delta must be > 0, got c={self.c}, delta={self.delta}")
-        if not 0.0 <= self.alpha < 1.0:
-            raise ConfigError(f"acer.alpha must be in [0, 1), got {self.alpha}")
-        if self.sdn_samples < 1 or self.init_std <= 0:
-            raise ConfigError("acer.sdn_samples must be >= 1 and acer.init_std > 0")
-        if self.entropy_coef < 0 or self.critic_coef < 0:
-            raise ConfigError("acer.entropy_coef and acer.critic_coef must be >= 0")
 
 
 class SDNAdvantage(nn.Module):
@@ -181,6 +175,7 @@ class ACERLoss(ReplayLoss):
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
+    value_keys = ("value_mean", "q_ret_mean")
 
     actor_network: TensorDictModuleBase
     actor_network_params: TensorDictParams

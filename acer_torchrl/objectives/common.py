@@ -25,9 +25,12 @@ class ReplayLoss(LossModule):
 
     Attributes:
         seq_len: steps per sampled sequence (1: single steps, as V-RACER).
+        value_keys: the output entries that are value estimates, watched for a blow-up with the loss terms
+            and the gradient norm (:mod:`acer_torchrl.health`).
     """
 
     seq_len: int = 1
+    value_keys: tuple[str, ...] = ()
 
     def update_plan(self, rng: np.random.Generator) -> list[float]:
         """Gradient steps to take after one collected batch, each given as its share of online data

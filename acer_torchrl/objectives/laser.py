@@ -76,8 +76,12 @@ from acer_torchrl.objectives.common import (
     trace_cut,
 )
 from acer_torchrl.objectives.functional import implied_policy_kl, vtrace
+from acer_torchrl.validation import allowed
 
 
+@allowed(online_share="[0, 1]", updates_per_batch="[1, 1000]", rho_bar="(0, inf)", c_bar="(0, inf)",
+         kl_threshold="(0, inf)", kl_samples="[1, 10000]", value_coef="[0, inf)", entropy_coef="[0, inf)",
+         init_std="(0, inf)")
 @dataclass
 class LASERConfig:
     online_share: float = 0.125  # share of fresh online windows per batch (sec. 3: 1/8); 0 = pure replay
@@ -93,23 +97,16 @@ class LASERConfig:
     learn_std: bool = True  # continuous actions: learn a state-independent std
 
     def validate(self, cfg: Config) -> None:
-        if not 0.0 <= self.online_share <= 1.0:
-            raise ConfigError(f"laser.online_share must be in [0, 1], got {self.online_share}")
+        """The checks across fields (each field's range is declared above)."""
         if 0.0 < self.online_share < 1.0 and round(self.online_share * cfg.replay.batch_size) == 0:
             raise ConfigError(
                 f"laser.online_share={self.online_share} of replay.batch_size={cfg.replay.batch_size} rounds to "
                 "no online window; raise replay.batch_size or laser.online_share (0 means pure replay)"
             )
-        if self.updates_per_batch < 1:
-            raise ConfigError(f"laser.updates_per_batch must be >= 1, got {self.updates_per_batch}")
-        if not self.rho_bar >= self.c_bar > 0:
+        if self.rho_bar < self.c_bar:
             raise ConfigError(
-                f"V-trace needs laser.rho_bar >= laser.c_bar > 0, got rho_bar={self.rho_bar}, c_bar={self.c_bar}"
+                f"V-trace needs laser.rho_bar >= laser.c_bar, got rho_bar={self.rho_bar}, c_bar={self.c_bar}"
             )
-        if self.kl_threshold <= 0 or self.kl_samples < 1:
-            raise ConfigError("laser.kl_threshold must be > 0 and laser.kl_samples >= 1")
-        if self.init_std <= 0:
-            raise ConfigError(f"laser.init_std must be > 0, got {self.init_std}")
 
 
 class LASERLoss(ReplayLoss):
@@ -160,6 +157,7 @@ class LASERLoss(ReplayLoss):
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
+    value_keys = ("value_target",)
 
     def __init__(
         self,

@@ -45,16 +45,20 @@ from torchrl.objectives import HardUpdate
 
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm
-from acer_torchrl.config import Config, ConfigError
+from acer_torchrl.config import MAX_WIDTH, Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import BEHAVIOUR, Torso, acting_policy, make_torso
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask, trace_cut
 from acer_torchrl.objectives.functional import retrace
+from acer_torchrl.validation import allowed
 
 PG_ESTIMATORS = ("beta_loo", "tislr")
 BEHAVIOUR_MODES = ("memorised", "learned")
 
 
+@allowed(lam="[0, 1]", pg=PG_ESTIMATORS, beta_c="[1, inf]", tislr_c="(0, inf)", behaviour=BEHAVIOUR_MODES,
+         epsilon="[0, 1)", target_update="[1, inf)", entropy_scale="[0, inf)", head_hidden=MAX_WIDTH,
+         updates_per_batch="[0, 1000]")
 @dataclass
 class ReactorConfig:
     lam: float = 1.0  # Retrace lambda in c_s = lambda min(1, pi/mu) (eq. 2); sec. 4.2 also tries 0.9
@@ -68,23 +72,6 @@ class ReactorConfig:
     head_hidden: int = 32  # width of the heads' hidden linear layer before its CReLU (Table 1)
     updates_per_batch: float = 1.0  # learner steps per collected batch (fractions drawn at random)
 
-    def validate(self, cfg: Config) -> None:
-        if self.pg not in PG_ESTIMATORS:
-            raise ConfigError(f"reactor.pg must be one of {', '.join(PG_ESTIMATORS)}, got {self.pg!r}")
-        if self.behaviour not in BEHAVIOUR_MODES:
-            raise ConfigError(
-                f"reactor.behaviour must be one of {', '.join(BEHAVIOUR_MODES)}, got {self.behaviour!r}"
-            )
-        if not 0.0 <= self.lam <= 1.0:
-            raise ConfigError(f"reactor.lam must be in [0, 1], got {self.lam}")
-        if self.beta_c < 1.0 or self.tislr_c <= 0.0:
-            raise ConfigError("reactor.beta_c must be >= 1 (inf for 1/mu) and reactor.tislr_c > 0")
-        if not 0.0 <= self.epsilon < 1.0:
-            raise ConfigError(f"reactor.epsilon must be in [0, 1), got {self.epsilon}")
-        if self.target_update < 1 or self.head_hidden < 1:
-            raise ConfigError("reactor.target_update and reactor.head_hidden must be >= 1")
-        if self.updates_per_batch < 0 or self.entropy_scale < 0:
-            raise ConfigError("reactor.updates_per_batch and reactor.entropy_scale must be >= 0")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -352,6 +339,7 @@ class ReactorLoss(ReplayLoss):
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
+    value_keys = ("q_ret", "q_taken")
 
     network: TensorDictSequential
     network_params: TensorDictParams

@@ -55,12 +55,15 @@ from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mas
 from acer_torchrl.objectives.functional import vtrace
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
 from acer_torchrl.replay import SLOT_KEY, EpisodeReplay
+from acer_torchrl.validation import allowed
 
 STORED = "vracer"  # root of the per-step estimates kept in the replay
 VALUE, RHO, NEXT_VALUE, VTBC, QRET = "value", "rho", "next_value", "vtbc", "qret"
 _WRITTEN_BACK = {VALUE: "state_value", RHO: "rho", NEXT_VALUE: "next_state_value"}  # stored <- loss output
 
 
+@allowed(C="(0, inf)", A="[0, inf)", D="(0, 1)", steps_per_update="[1e-3, inf)", init_std="(0, inf)",
+         truncation="(0, inf)", reward_scale_interval="[1, inf)", epsilon="(0, inf)")
 @dataclass
 class VRACERConfig:
     C: float = 4.0  # ReF-ER: c_max(t) = 1 + C / (1 + A t) (eq. 13)
@@ -77,15 +80,9 @@ class VRACERConfig:
     epsilon: float = 1e-7  # App. B: s_hat = (s - mu_s) / (sigma_s + eps), r_hat = r / (sigma_r + eps)
 
     def validate(self, cfg: Config) -> None:
+        """The checks across fields (each field's range is declared above)."""
         if cfg.network.lstm:
             raise ConfigError("loss=vracer trains on single time steps: network.lstm=true is not supported")
-        if self.C <= 0 or self.A < 0 or not 0.0 < self.D < 1.0:
-            raise ConfigError(f"vracer needs C > 0, A >= 0 and 0 < D < 1; got C={self.C}, A={self.A}, D={self.D}")
-        for key in ("steps_per_update", "init_std", "truncation", "epsilon"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"vracer.{key} must be > 0, got {getattr(self, key)}")
-        if self.reward_scale_interval < 1:
-            raise ConfigError(f"vracer.reward_scale_interval must be >= 1, got {self.reward_scale_interval}")
 
 
 # ---------------------------------------------------------------------------------------------- network
@@ -304,6 +301,7 @@ class VRACERLoss(ReplayLoss):
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
+    value_keys = ("state_value", "next_state_value")
 
     def __init__(
         self,

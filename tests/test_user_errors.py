@@ -1,0 +1,277 @@
+"""Bad input as a new user types it: `python recipes/acer.py key=value ...` run as a real process.
+
+Every mistake ends before any work with one ``error:`` line naming the key and the fix, exit code 2 and
+no traceback; runs write only inside their run dir and never into an old run's; a diverging run says so.
+"""
+
+import json
+import os
+import random
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from acer_torchrl.health import PATIENCE, Health
+from acer_torchrl.rundir import RUN_FILES
+
+ROOT = Path(__file__).resolve().parents[1]
+# the recipe process imports this checkout's package, whatever is installed
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+# a run that trains a little (two batches, their updates, an evaluation, a checkpoint): a few seconds
+TINY = ["total_frames=64", "collector.workers=0", "collector.frames_per_batch=32", "replay.min_size=64",
+        "replay.batch_size=4", "network.hidden=16", "eval.episodes=1", "eval.max_steps=50", "log.progress=false"]
+
+
+def recipe(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "recipes" / "acer.py"), *args], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    """The one line a failed recipe printed (asserting that it is one line, exit code 2, no traceback)."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def run_dir_holding(tmp_path: Path, name: str) -> Path:
+    """A run dir as an earlier run left it: finished (summary.json) or resumable (checkpoint)."""
+    run_dir = tmp_path / "old"
+    if name == "summary.json":
+        run_dir.mkdir()
+        (run_dir / name).write_text("{}")
+    else:
+        (run_dir / name).mkdir(parents=True)
+        (run_dir / name / "counters.json").write_text("{}")
+    return run_dir
+
+
+def saved_config(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.yaml").write_text(text)
+    return tmp_path / "old"
+
+
+# the cases of issue 24, each a recipe process:
+# (case, its overrides or how to make them in tmp_path, what the line says)
+CASES = [
+    ("eval.interval=0", ["eval.interval=0"], "eval.interval must be >= 1, got 0; e.g. eval.interval="),
+    ("eval.episodes=0", ["eval.episodes=0"], "eval.episodes must be >= 1, got 0; e.g. eval.episodes="),
+    ("optim.lr=-1", ["optim.lr=-1"], "optim.lr must be > 0, got -1.0; e.g. optim.lr=0.001"),
+    ("checkpoint_interval<0", ["log.checkpoint_interval=-5"], "log.checkpoint_interval must be >= 1, got -5"),
+    ("resume: empty config.yaml", lambda t: [f"resume={saved_config(t, '')}"],
+     "config.yaml holds no run configuration"),
+    ("resume: malformed config.yaml", lambda t: [f"resume={saved_config(t, 'seed: [1, 2')}"],
+     "config.yaml is not valid YAML (expected ',' or ']'"),
+    ("run_dir under a file", lambda t: [f"run_dir={t / 'file' / 'run'}"],
+     "cannot be used as a run directory (a part of that path is a file, not a directory)"),
+    ("run_dir not writable", ["run_dir=/proc/acer-torchrl-run"], "cannot be used as a run directory ("),
+    ("run_dir holds a finished run", lambda t: [f"run_dir={run_dir_holding(t, 'summary.json')}"],
+     "already holds a run (summary.json or checkpoint): continue it with resume="),
+]
+# more of the same kind, checked in this process (cli.main, as the recipe calls it): no process start-up
+MORE_CASES = [
+    ("optim.lr=nan", ["optim.lr=nan"], "optim.lr must be > 0, got nan"),
+    ("network.hidden=0", ["network.hidden=64,0"], "network.hidden entries must be in [1, 8192], got 64,0"),
+    ("total_frames=1e30", ["total_frames=1e30"], "config key 'total_frames' expects int: 1e30 is out of"),
+    ("total_frames=abc", ["total_frames=abc"], "config key 'total_frames' expects int: 'abc' is not an integer"),
+    ("min_size>capacity", ["replay.capacity=50"], "replay.min_size=64 exceeds replay.capacity=50"),
+    ("batch>capacity", ["replay.capacity=64", "replay.batch_size=8"], "= 128 steps per update exceed"),
+    # with 1 GiB available (below): the replay's links alone would take 4.6 GiB
+    ("capacity beyond memory", ["replay.capacity=1e8"], "replay.capacity=100000000: its episode links need"),
+    ("device=cuda:x", ["device=cuda:x"], "device must be auto, cpu, cuda or cuda:<index>, got 'cuda:x'"),
+    ("acer.alpha=1", ["acer.alpha=1"], "acer.alpha must be in [0, 1), got 1.0; e.g. acer.alpha=0.99"),
+    ("run_dir empty", ["run_dir="], "run_dir= is empty"),
+    ("run_dir is a file", lambda t: [f"run_dir={t / 'file'}"], "cannot be used as a run directory (it is a file"),
+    ("run_dir holds a checkpoint", lambda t: [f"run_dir={run_dir_holding(t, 'checkpoint')}"],
+     "or add overwrite=true to replace it"),
+    ("resume: unknown key in config.yaml", lambda t: [f"resume={saved_config(t, 'optim: {lrr: 1}')}"],
+     "config.yaml: unknown config key 'optim.lrr'; did you mean optim.lr"),
+    ("resume: not a mapping", lambda t: [f"resume={saved_config(t, '- 1')}"], "holds no run configuration"),
+]
+
+
+def case_args(tmp_path: Path, overrides) -> list[str]:
+    """A case's command line: its overrides (a list, or made in ``tmp_path``) after the tiny run's."""
+    (tmp_path / "file").write_text("in the way")
+    return [*TINY, f"run_dir={tmp_path / 'run'}", *(overrides(tmp_path) if callable(overrides) else overrides)]
+
+
+def by_name(cases: list[tuple]):
+    return pytest.mark.parametrize("overrides, fragment", [c[1:] for c in cases], ids=[c[0] for c in cases])
+
+
+@by_name(CASES)
+def test_bad_input_ends_before_any_work_with_one_line(tmp_path, overrides, fragment):
+    args, cwd = case_args(tmp_path, overrides), tmp_path / "cwd"
+    cwd.mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    assert fragment in error_line(recipe(args, cwd))
+    assert sorted(tmp_path.rglob("*")) == before, "nothing was written"
+
+
+@by_name(MORE_CASES)
+def test_more_bad_input_ends_with_one_line(tmp_path, capsys, monkeypatch, overrides, fragment):
+    from acer_torchrl import cli
+
+    monkeypatch.setattr("acer_torchrl.replay.available_memory", lambda: 2**30)
+    args = case_args(tmp_path, overrides)
+    before = sorted(tmp_path.rglob("*"))
+    code = cli.main("acer", args)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
+    assert sorted(tmp_path.rglob("*")) in (before, [*before, tmp_path / "run"]), "at most the empty run dir"
+
+
+def test_replay_too_large_for_the_memory_is_refused_before_it_is_allocated(monkeypatch):
+    import torch
+    from tensordict import TensorDict
+
+    from acer_torchrl.config import ConfigError
+    from acer_torchrl.replay import EpisodeReplay
+
+    monkeypatch.setattr("acer_torchrl.replay.available_memory", lambda: 10 * 2**20)
+    replay = EpisodeReplay(100_000)  # 4.7 MiB of links: fits
+    batch = TensorDict({"observation": torch.zeros(8, 256), ("collector", "traj_ids"): torch.zeros(8, dtype=torch.long),
+                        ("next", "done"): torch.zeros(8, 1, dtype=torch.bool)}, batch_size=[8])
+    with pytest.raises(ConfigError, match=r"replay.capacity=100000: its steps \(1033 bytes each\) need 0.1 GiB"):
+        replay.extend(batch)  # 100 000 steps of 1 KiB: do not fit
+
+
+def test_runs_write_only_in_their_run_dir_and_never_into_an_old_run(tmp_path):
+    cwd, run_dir = tmp_path / "cwd", tmp_path / "run"
+    cwd.mkdir()
+    first = recipe([*TINY, f"run_dir={run_dir}"], cwd)
+    assert first.returncode == 0, first.stderr
+    assert not any(cwd.iterdir()), "nothing outside the run dir"
+    assert {p.name for p in run_dir.iterdir()} <= set(RUN_FILES)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["health"] == {"status": "ok"}
+
+    again = recipe([*TINY, f"run_dir={run_dir}"], cwd)
+    assert f"continue it with resume={run_dir}" in error_line(again)
+    assert json.loads((run_dir / "summary.json").read_text()) == summary, "the old run is untouched"
+
+    (run_dir / "notes.txt").write_text("the user's own file")
+    (run_dir / "tensorboard").mkdir()  # from the old run (log.tensorboard=true): not part of the new one
+    replaced = recipe([*TINY, f"run_dir={run_dir}", "overwrite=true", "seed=1"], cwd)
+    assert replaced.returncode == 0, replaced.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["seed"] == 1
+    assert (run_dir / "notes.txt").is_file() and not (run_dir / "tensorboard").exists()
+
+
+def test_a_diverging_run_says_so_in_the_log_and_in_its_summary(tmp_path):
+    proc = recipe([*TINY, "total_frames=128", "optim.lr=1e3", f"run_dir={tmp_path / 'run'}"], tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    health = json.loads((tmp_path / "run" / "summary.json").read_text())["health"]
+    assert health["status"] == "diverged" and health["update"] >= 1 and health["env_steps"] > 0
+    assert f"warning: training diverged at update {health['update']}" in proc.stderr
+    assert "warning: this run diverged" in proc.stderr.strip().splitlines()[-1]
+
+
+def feed(health: Health, values: list[float], key: str = "grad_norm") -> str | None:
+    warnings = [health.observe({key: v}, update, 32 * update) for update, v in enumerate(values, 1)]
+    return next((w for w in warnings if w), None)
+
+
+def test_health_flags_a_blow_up_from_its_first_bad_update_but_not_noise():
+    rng = random.Random(0)
+    noisy = [rng.lognormvariate(0, 1.5) for _ in range(2000)]  # heavy-tailed, spikes 10-100x
+    for start in range(100, 2000, 300):  # bursts of huge spikes shorter than PATIENCE
+        noisy[start : start + PATIENCE - 1] = [1e6] * (PATIENCE - 1)
+    growing = [1.01**t for t in range(1000)]  # a value estimate that rises 20 000x while learning
+    for values in (noisy, growing):
+        health = Health()
+        assert feed(health, values) is None and health.summary() == {"status": "ok"}
+
+    blow_up = [1.0] * 50 + [1.5**t for t in range(1, 60)]  # from update 51 on, 1.5x per update
+    health = Health()
+    warning = feed(health, blow_up)
+    assert warning is not None and health.summary()["status"] == "diverged"
+    # update 50 + k: 1.5^k against a scale that followed at 1 % per update, 1.01^(k - 1): over 100x from k = 12
+    assert health.summary()["update"] == 62 and "at update 62 (1984 env steps)" in warning
+
+    health = Health(value_keys=("value_mean",))
+    assert feed(health, [1.0, float("nan")], "value_mean") is not None
+    assert health.summary() == {"status": "diverged", "update": 2, "env_steps": 64, "statistic": "value_mean",
+                                "value": "nan"}
+    assert feed(health, [float("inf")]) is None, "reported once"
+
+
+# ------------------------------------------------------------------------------------------------ fuzz
+# the cases run in one process (cli.main per case, as the recipe calls it; argv: the cases, a time limit):
+# a traceback is an exception that escapes main; a case still going at the limit (e.g. total_frames=1e9)
+# counts as running
+FUZZ_DRIVER = """
+import contextlib, io, json, signal, sys, traceback
+from acer_torchrl import cli
+
+class Limit(BaseException):
+    pass
+
+def stop(*_):
+    raise Limit
+
+signal.signal(signal.SIGALRM, stop)
+results = []
+for argv in json.loads(sys.argv[1]):
+    err, code = io.StringIO(), None
+    signal.alarm(int(sys.argv[2]))
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = cli.main("acer", argv)
+    except Limit:
+        code = "running"
+    except BaseException:
+        err.write(traceback.format_exc())
+        code = "traceback"
+    finally:
+        signal.alarm(0)
+    results.append({"argv": argv, "code": code, "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+NUMBERS = ["0", "1", "2", "3", "-1", "-2", "0.5", "-0.5", "2.5", "1e-3", "1e-12", "1e9", "1e30", "-1e9", "nan", "inf",
+           "-inf", "1_000", "0x10", "1e999"]
+
+
+def random_value(rng: random.Random) -> str:
+    kind = rng.random()
+    if kind < 0.7:
+        return rng.choice(NUMBERS)
+    if kind < 0.85:
+        return rng.choice(["", "none", "true", "false", "[1, 2]", "1,2", "a=b", " "])
+    return "".join(rng.choice(string.printable.strip()) for _ in range(rng.randint(1, 8)))
+
+
+def fuzz_cases(n: int, seed: int, tmp_path: Path) -> list[list[str]]:
+    from acer_torchrl.config import _valid_keys, load_config
+
+    cfg = load_config("acer", [])
+    # not run_dir: a random one (e.g. "/") would be a real directory to write a run into
+    keys = sorted(set(_valid_keys(cfg)) - {"run_dir"}) + [f"acer.{k}" for k in _valid_keys(cfg.algo)]
+    rng = random.Random(seed)
+    cases = []
+    for i in range(n):
+        picked = [f"{rng.choice(keys)}={random_value(rng)}" for _ in range(rng.choice([1, 1, 2]))]
+        cases.append([*TINY, f"run_dir={tmp_path / f'run{i}'}", *picked])
+    return cases
+
+
+def test_fuzzed_overrides_run_or_fail_with_one_line(tmp_path):
+    cases = fuzz_cases(50, seed=2024, tmp_path=tmp_path)
+    proc = subprocess.run([sys.executable, "-c", FUZZ_DRIVER, json.dumps(cases), "20"], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    codes = [r["code"] for r in results]
+    for r in results:
+        picked = r["argv"][len(TINY) + 1 :]
+        assert "Traceback" not in r["stderr"] and r["code"] in (0, 2, "running"), (picked, r["stderr"])
+        if r["code"] == 2:
+            errors = [line for line in r["stderr"].strip().splitlines() if line.startswith("error: ")]
+            assert len(errors) == 1 and r["stderr"].strip().endswith(errors[0]), (picked, r["stderr"])
+    assert codes.count(2) >= 10 and codes.count(0) >= 5, codes  # the fuzz reaches both ends
