@@ -234,17 +234,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def submit(args: argparse.Namespace) -> int:
+def require_sbatch(args: argparse.Namespace) -> None:
+    """Called once the arguments are checked, so that their mistakes are reported on machines without SLURM too."""
     if not args.local and shutil.which("sbatch") is None:
         raise SubmitError(
             "no SLURM here (sbatch not found): use --local, or start a test cluster with "
             "`bash slurm/local_cluster.sh start`"
         )
+
+
+def submit(args: argparse.Namespace) -> int:
     if args.recipe == SHARED_REPLAY_SWEEP:
         return submit_shared_replay_sweep(args)
     points = plan_points(args.overrides, args.sweep)
     for _, point_overrides in points:
         check_config(args.recipe, point_overrides)
+    require_sbatch(args)
     # resume=<run_dir> continues that run in place
     given_dir = override_value(args.overrides, "run_dir") or override_value(args.overrides, "resume")
     top_dir, runs = plan_runs(args.recipe, given_dir, points, args.sweep is not None)
@@ -294,6 +299,7 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
     except ConfigError as err:
         raise SubmitError(str(err)) from None
     check_config("laser", [o for o in agent_overrides if o.partition("=")[0].strip() != "resume"])
+    require_sbatch(args)
     given_dir = override_value(args.overrides, "resume") or override_value(args.overrides, "run_dir")
     sweep_dir = Path(given_dir).resolve() if given_dir else fresh_dir(Path("runs"), SHARED_REPLAY_SWEEP)
     sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -264,8 +265,20 @@ def test_submit_rejects_user_mistakes_in_one_line(tmp_path):
         ([RECIPE, "seed", "--local"], "not key=value"),
         (["tabulate", str(tmp_path)], "not a sweep directory"),
     ):
-        out = subprocess.run([sys.executable, str(SUBMIT), *args], capture_output=True, text=True, timeout=120)
+        out = run_submit_without_sbatch(args)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+
+
+def run_submit_without_sbatch(args: list[str]) -> subprocess.CompletedProcess:
+    """``slurm/submit.py`` as on a machine with no SLURM installed (``PATH`` holds only the interpreter's folder)."""
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    return subprocess.run([sys.executable, str(SUBMIT), *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_submit_without_slurm_says_so_in_one_line_after_checking_the_arguments(tmp_path):
+    out = run_submit_without_sbatch([RECIPE, "preset=cartpole", f"run_dir={tmp_path / 'run'}"])
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "sbatch not found" in out.stderr, out.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_tabulate_lists_points_with_and_without_summary(tmp_path):
