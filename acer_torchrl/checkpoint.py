@@ -2,7 +2,7 @@
 
 Layout under ``<run_dir>``: ``checkpoint/`` holds ``state.pt`` (tensors and plain containers only, read
 back with ``torch.load(weights_only=True)``: no arbitrary code runs on load), ``counters.json`` and
-``replay/`` (TorchRL's memory-mapped buffer format plus the episode links). A checkpoint is written to
+``replay/`` (the filled slots as memory-mapped TensorDicts, read without unpickling, plus the episode links). A checkpoint is written to
 ``checkpoint.tmp/`` and swapped in by renames, so a kill at any moment leaves a complete checkpoint
 (``checkpoint/`` or, between the two renames, ``checkpoint.old/``).
 """

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
-from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Storage, TensorDictReplayBuffer
 
 from acer_torchrl.validation import ConfigError
 
@@ -358,14 +358,13 @@ class EpisodeReplay:
     # ------------------------------------------------------------------ persistence
     def save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        if self.steps_written:
-            self.buffer.dumps(path / "buffer")
+        if self.steps_written:  # only the filled slots: a checkpoint is sized by content, not by capacity
+            save_rows(self.buffer.storage, min(self.steps_written, self.capacity), path / "steps")
         links = {name: getattr(self, name) for name in _LINKS}
         links["generator"] = self.generator.get_state()
         torch.save(links, path / "links.pt")
         if self.successor_keys:  # only the written entries: the ring is mostly untouched
-            held = min(self.end_entries_written, self.capacity)
-            self.episode_ends._storage[:held].to_tensordict().memmap(path / "episode_ends")
+            save_rows(self.episode_ends, min(self.end_entries_written, self.capacity), path / "episode_ends")
         counters = {
             "episodes_started": self.episodes_started,
             "steps_written": self.steps_written,
@@ -383,8 +382,8 @@ class EpisodeReplay:
             raise ValueError(
                 f"the saved replay holds {links['episode'].numel()} steps but replay.capacity={self.capacity}"
             )
-        if (path / "buffer").exists():
-            self.buffer.loads(path / "buffer")
+        if (path / "steps").exists():
+            load_rows(self.buffer.storage, path / "steps")
         for name in _LINKS:
             if name in links:  # replays saved before `end_entry` existed store every next observation
                 getattr(self, name).copy_(links[name])
@@ -392,15 +391,27 @@ class EpisodeReplay:
         counters = json.loads((path / "counters.json").read_text())
         self.episodes_started = counters["episodes_started"]
         self.steps_written = counters["steps_written"]
+        self.buffer.writer.load_state_dict({"_cursor": self.steps_written % self.capacity, "_write_count": self.steps_written})
         self.end_entries_written = counters.get("end_entries_written", 0)
         self.steps_missing = counters.get("steps_missing", 0)
         keys = counters.get("successor_keys", () if self.steps_written else None)
         self.successor_keys = tuple(keys) if keys is not None else None
         if self.successor_keys:
-            ends = TensorDict.load_memmap(path / "episode_ends")
-            self.episode_ends.set(torch.arange(ends.shape[0]), ends)
+            load_rows(self.episode_ends, path / "episode_ends")
         self._open.clear()
         self._alive_slots = None
+
+
+def save_rows(storage: Storage, rows: int, prefix: Path) -> None:
+    """The first ``rows`` entries of a TorchRL storage as a memory-mapped TensorDict (raw tensor files and JSON)."""
+    storage._storage[:rows].memmap(prefix, copy_existing=True)
+
+
+def load_rows(storage: Storage, prefix: Path) -> None:
+    """Entries saved by :func:`save_rows` back into the first slots of ``storage``. Only JSON metadata and raw
+    tensor files are read (``allow_pickle=False``): loading a checkpoint never runs pickled code."""
+    rows = TensorDict.load_memmap(prefix, allow_pickle=False)
+    storage.set(torch.arange(rows.shape[0]), rows)
 
 
 def refresh_from_prefix(

@@ -1,6 +1,8 @@
 """Episode-aligned replay: linking, sequence sampling, whole-episode eviction, recurrent refresh, persistence."""
 
 import json
+import os
+import pickle
 
 import pytest
 import torch
@@ -157,6 +159,44 @@ def test_a_replay_saved_with_every_next_observation_still_loads(tmp_path):
     other.load(tmp_path / "old")
     assert other.successor_keys == ()
     other.extend(make_rows([[(2, 8, 4, True)]]))
+    check_next_observations(other)
+
+
+class Planted:
+    """Unpickled, it makes the directory ``marker``: the sign that loading ran pickled code."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def test_loading_a_replay_runs_no_pickled_code(tmp_path):
+    rb = EpisodeReplay(30, seed=0)
+    rb.extend(make_rows([[(1, 0, 12, True), (2, 0, 8, False)]]))
+    rb.save(tmp_path / "saved")
+    marker = tmp_path / "pickle-ran"
+    for place in ("buffer", "steps", "episode_ends"):  # where TorchRL's format keeps one, and beside our tensors
+        (tmp_path / "saved" / place).mkdir(exist_ok=True)
+        (tmp_path / "saved" / place / "prefetch.pkl").write_bytes(pickle.dumps(Planted(marker)))
+    other = EpisodeReplay(30, seed=0)
+    other.load(tmp_path / "saved")
+    assert not marker.exists(), "loading the replay unpickled a planted file"
+    check_next_observations(other)
+
+
+def test_a_saved_replay_holds_its_filled_slots_only(tmp_path):
+    capacity, obs_dim = 5000, 3
+    rb = EpisodeReplay(capacity, seed=0)
+    rb.extend(make_rows([[(1, 0, 12, True), (2, 0, 8, False)]], obs_dim=obs_dim))
+    rb.save(tmp_path / "saved")
+    steps_bytes = sum(f.stat().st_size for f in (tmp_path / "saved").rglob("*") if f.is_file() and f.name != "links.pt")
+    assert steps_bytes < capacity * obs_dim * 4, "the replay's data was saved at full capacity"
+    other = EpisodeReplay(capacity, seed=0)
+    other.load(tmp_path / "saved")
+    assert len(other) == len(rb)
+    other.extend(make_rows([[(2, 8, 4, True)]], obs_dim=obs_dim))
     check_next_observations(other)
 
 
