@@ -4,7 +4,9 @@ Layout under ``<run_dir>``: ``checkpoint/`` holds ``state.pt`` (tensors and plai
 back with ``torch.load(weights_only=True)``: no arbitrary code runs on load), ``counters.json`` and
 ``replay/`` (the filled slots as memory-mapped TensorDicts, read without unpickling, plus the episode links). A checkpoint is written to
 ``checkpoint.tmp/`` and swapped in by renames, so a kill at any moment leaves a complete checkpoint
-(``checkpoint/`` or, between the two renames, ``checkpoint.old/``).
+(``checkpoint/`` or, between the two renames, ``checkpoint.old/``). ``manifest.json`` lists every file with its
+size and CRC-32; a checkpoint is verified against it before anything is read (a truncated, damaged or foreign
+file is one line, not zeros in the replay).
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import zlib
 from pathlib import Path
 
 import torch
+
+
+MANIFEST = "manifest.json"
 
 
 class CheckpointError(RuntimeError):
@@ -28,6 +34,7 @@ def save_checkpoint(run_dir: Path, state: dict, counters: dict, replay) -> None:
     torch.save(state, tmp / "state.pt")
     replay.save(tmp / "replay")
     (tmp / "counters.json").write_text(json.dumps(counters))
+    write_manifest(tmp)
     _fsync_tree(tmp)
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
@@ -43,6 +50,49 @@ def _fsync_tree(path: Path) -> None:
                 os.fsync(f.fileno())
 
 
+def _crc32(path: Path, chunk_bytes: int = 1 << 24) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _files(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(path: Path) -> None:
+    """``manifest.json``: ``{file: {"bytes": size, "crc32": checksum}}`` of every file under ``path``."""
+    files = {name: {"bytes": (path / name).stat().st_size, "crc32": _crc32(path / name)} for name in _files(path)}
+    (path / MANIFEST).write_text(json.dumps(files, indent=1))
+
+
+def verify_manifest(path: Path) -> None:
+    """A one-line :class:`CheckpointError` unless ``path`` holds exactly the files of its manifest, each with
+    its saved size and checksum (sizes first: a truncated file is found without reading the others)."""
+    try:
+        files = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        raise CheckpointError(
+            f"checkpoint {path} has no readable {MANIFEST} (damaged, or written by a version that did not verify "
+            "checkpoints); it cannot be resumed safely"
+        ) from None
+    present = _files(path)
+    unexpected = sorted(set(present) - set(files))
+    missing = sorted(set(files) - set(present))
+    if unexpected or missing:
+        which = f"{unexpected[0]} is not part of it" if unexpected else f"{missing[0]} is missing"
+        raise CheckpointError(f"checkpoint {path} is corrupt: {which}; it was altered after saving and is not loaded")
+    for name, saved in files.items():
+        size = (path / name).stat().st_size
+        if size != saved["bytes"]:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} holds {size} bytes, {saved['bytes']} were saved")
+    for name, saved in files.items():
+        if _crc32(path / name) != saved["crc32"]:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} fails its checksum (damaged since it was saved)")
+
+
 def latest_checkpoint(run_dir: Path) -> Path:
     for name in ("checkpoint", "checkpoint.old"):
         if (run_dir / name / "counters.json").is_file():
@@ -54,6 +104,7 @@ def load_checkpoint(run_dir: Path, replay=None) -> tuple[dict, dict]:
     """Return ``(state, counters)`` of the latest checkpoint and restore ``replay`` (if given) in place;
     any damage -> :class:`CheckpointError`."""
     path = latest_checkpoint(run_dir)
+    verify_manifest(path)
     try:
         counters = json.loads((path / "counters.json").read_text())
         state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")

@@ -27,6 +27,7 @@ from acer_torchrl.checkpoint import CheckpointError
 from acer_torchrl.modules import acting_policy, learning_module, make_torso, policy_distribution
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask
 from acer_torchrl.replay import EpisodeReplay
+from planted import plant_pickle
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,9 +165,32 @@ def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_regi
 def test_corrupt_checkpoint_is_one_clear_error(tmp_path, probe_registered):
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
     (tmp_path / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="corrupt or unreadable") as err:
+    with pytest.raises(CheckpointError, match="is corrupt: state.pt holds 16 bytes") as err:
         run("probe", [f"resume={tmp_path}", "total_frames=128"])
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda data: data[:100], "observation.memmap holds 100 bytes"),
+    (lambda data: bytes(len(data)), "observation.memmap fails its checksum"),
+], ids=["truncated", "zeroed"])
+def test_damaged_replay_file_is_one_clear_error(tmp_path, probe_registered, damage, message):
+    run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
+    observations = tmp_path / "checkpoint" / "replay" / "steps" / "observation.memmap"
+    observations.write_bytes(damage(observations.read_bytes()))
+    with pytest.raises(CheckpointError, match=message) as err:
+        run("probe", [f"resume={tmp_path}", "total_frames=128"])
+    assert "\n" not in str(err.value)
+
+
+def test_resume_never_unpickles_a_file_planted_in_the_checkpoint(tmp_path, probe_registered):
+    run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
+    marker = tmp_path / "pickle-ran"
+    # where TorchRL's buffer format reads one
+    plant_pickle(tmp_path / "checkpoint" / "replay" / "buffer" / "prefetch.pkl", marker)
+    with pytest.raises(CheckpointError, match="replay/buffer/prefetch.pkl is not part of it") as err:
+        run("probe", [f"resume={tmp_path}", "total_frames=128"])
+    assert "\n" not in str(err.value) and not marker.exists()
 
 
 def test_unknown_env_id_stops_before_any_work(tmp_path, probe_registered):

@@ -1,8 +1,6 @@
 """Episode-aligned replay: linking, sequence sampling, whole-episode eviction, recurrent refresh, persistence."""
 
 import json
-import os
-import pickle
 
 import pytest
 import torch
@@ -12,6 +10,7 @@ from torchrl.modules import set_recurrent_mode
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import make_torso
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows
+from planted import plant_pickle
 
 
 def make_rows(segments, obs_dim=3):
@@ -162,24 +161,13 @@ def test_a_replay_saved_with_every_next_observation_still_loads(tmp_path):
     check_next_observations(other)
 
 
-class Planted:
-    """Unpickled, it makes the directory ``marker``: the sign that loading ran pickled code."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return os.mkdir, (self.marker,)
-
-
 def test_loading_a_replay_runs_no_pickled_code(tmp_path):
     rb = EpisodeReplay(30, seed=0)
     rb.extend(make_rows([[(1, 0, 12, True), (2, 0, 8, False)]]))
     rb.save(tmp_path / "saved")
     marker = tmp_path / "pickle-ran"
     for place in ("buffer", "steps", "episode_ends"):  # where TorchRL's format keeps one, and beside our tensors
-        (tmp_path / "saved" / place).mkdir(exist_ok=True)
-        (tmp_path / "saved" / place / "prefetch.pkl").write_bytes(pickle.dumps(Planted(marker)))
+        plant_pickle(tmp_path / "saved" / place / "prefetch.pkl", marker)
     other = EpisodeReplay(30, seed=0)
     other.load(tmp_path / "saved")
     assert not marker.exists(), "loading the replay unpickled a planted file"
