@@ -319,11 +319,18 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
         if not saved.is_file():
             raise ConfigError(f"resume={given['resume']}: no config.yaml there (not a run directory?)")
         cfg = _saved_config(saved, given["resume"])
+        requested = {"loss": given.get("loss", recipe), "preset": given.get("preset")}
+        for key, value in requested.items():
+            if value is not None and value != getattr(cfg, key):
+                raise _run_defining_change(cfg, key, getattr(cfg, key), value)
         for key, value in pairs:
-            if key not in ("loss", "preset"):
+            if key not in requested:
                 set_key(cfg, key, value)
         cfg.run_dir = given["resume"]
         cfg.validate()
+        for key, (before, now) in resume_changes(cfg).items():
+            if is_run_defining(cfg, key):
+                raise _run_defining_change(cfg, key, before, now)
         return cfg
 
     loss = given.get("loss", recipe or "acer")
@@ -343,6 +350,44 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
             set_key(cfg, key, value)
     cfg.validate()
     return cfg
+
+
+# what the checkpoint's networks, optimiser state and replay were made for: a resumed run keeps them
+RUN_DEFINING_KEYS = ("loss", "preset", "gamma", "replay.capacity", "replay.memmap")
+RUN_DEFINING_SECTIONS = ("env.", "network.")
+RESUME_BOOKKEEPING = ("resume", "run_dir", "overwrite")  # where a run lives, not how it trains
+
+
+def is_run_defining(cfg: Config, key: str) -> bool:
+    """Whether changing ``key`` on resume would alter the run: its env, loss (the algorithm's section) or network."""
+    return key in RUN_DEFINING_KEYS or key.startswith((*RUN_DEFINING_SECTIONS, f"{cfg.loss}."))
+
+
+def _run_defining_change(cfg: Config, key: str, before: Any, now: Any) -> ConfigError:
+    return ConfigError(
+        f"resume={cfg.resume}: {key}={now} differs from the run's {key}={before}; a resumed run keeps its env, loss "
+        "and network settings (start a new run with run_dir=<new dir> to change them)"
+    )
+
+
+def flat_settings(cfg: Config) -> dict[str, Any]:
+    """Every key of ``cfg`` as given on the command line (``section.field``; the algorithm's ``<loss>.field``)."""
+
+    def walk(section: dict[str, Any], prefix: str) -> dict[str, Any]:
+        flat = {}
+        for name, value in section.items():
+            flat.update(walk(value, f"{prefix}{name}.") if isinstance(value, dict) else {prefix + name: value})
+        return flat
+
+    return walk(to_dict(cfg), "")
+
+
+def resume_changes(cfg: Config) -> dict[str, tuple[Any, Any]]:
+    """The settings in which ``cfg`` (a ``resume=<run_dir>`` config) differs from that run's ``config.yaml``:
+    ``{key: (saved value, value now)}``."""
+    before = flat_settings(_saved_config(Path(cfg.resume) / "config.yaml", cfg.resume))
+    now = flat_settings(cfg)
+    return {k: (before.get(k), v) for k, v in now.items() if k not in RESUME_BOOKKEEPING and before.get(k) != v}
 
 
 def _saved_config(path: Path, resume: str) -> Config:

@@ -294,6 +294,9 @@ def parse_sweep_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
     return sweep, rest
 
 
+PER_AGENT_KEYS = ("optim.lr", "laser.entropy_coef", "seed")  # agent i's: base x its grid factors, base seed + i
+
+
 def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[Config]]:
     """The sweep directory and one config per agent (its own run dir ``<sweep_dir>/agent<i>``).
 
@@ -304,7 +307,9 @@ def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[
     given = dict(parse_overrides(overrides))
     if given.get("resume"):
         sweep_dir = Path(given["resume"])
-        rest = [o for o in overrides if o.partition("=")[0].strip() not in ("resume", "run_dir", "preset", "loss")]
+        # the keys the grid sets per agent (from the base values a requeued job passes again) stay as saved
+        kept = ("resume", "run_dir", "preset", "loss", *PER_AGENT_KEYS)
+        rest = [o for o in overrides if o.partition("=")[0].strip() not in kept]
         cfgs = []
         for i in range(sweep.agents):
             if not (sweep_dir / f"agent{i}" / "config.yaml").is_file():

@@ -30,7 +30,7 @@ from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.collectors import make_collector
-from acer_torchrl.config import Config, dump_yaml
+from acer_torchrl.config import Config, dump_yaml, resume_changes
 from acer_torchrl.envs import EnvConfig, env_info, make_env, make_env_fn
 from acer_torchrl.health import Health
 from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, plot_learning_curve
@@ -157,6 +157,18 @@ class Trainer:
             self.rng.bit_generator.state = self.counters.rng
         self.log.load_existing(self.counters.env_steps)
         self.sync_acting_policy()
+        self.record_resume_changes()
+
+    def record_resume_changes(self) -> None:
+        """The settings this resume changed (only those that leave the run itself alone get here, e.g.
+        ``total_frames=``): ``config.yaml`` says what trains from now on, ``resumes.jsonl`` what changed when."""
+        changes = resume_changes(self.cfg)
+        if not changes:
+            return
+        record = {"env_steps": self.counters.env_steps, "changed": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
+        with open(self.run_dir / "resumes.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        dump_yaml(dataclasses.replace(self.cfg, resume=None), self.run_dir / "config.yaml")
 
     def sync_acting_policy(self) -> None:
         if self.acting is not self.agent.policy:

@@ -5,6 +5,7 @@ corrupt checkpoints and bad input ending with one clear line."""
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -191,6 +192,26 @@ def test_resume_never_unpickles_a_file_planted_in_the_checkpoint(tmp_path, probe
     with pytest.raises(CheckpointError, match="replay/buffer/prefetch.pkl is not part of it") as err:
         run("probe", [f"resume={tmp_path}", "total_frames=128"])
     assert "\n" not in str(err.value) and not marker.exists()
+
+
+def test_resume_refuses_run_defining_changes_and_records_the_others(tmp_path, probe_registered):
+    run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
+    config = (tmp_path / "config.yaml").read_text()
+    for change, fragment in (
+        ("env.name=CartPole-v0", "env.name=CartPole-v0 differs from the run's env.name=CartPole-v1"),
+        ("env.name=Acrobot-v1", "env.name=Acrobot-v1 differs"),
+        ("network.hidden=32", "network.hidden=[32] differs from the run's network.hidden=[16]"),
+        ("probe.online_steps=2", "probe.online_steps=2 differs from the run's probe.online_steps=1"),
+        ("loss=acer", "loss=acer differs from the run's loss=probe"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(fragment)) as err:
+            run("probe", [f"resume={tmp_path}", change])
+        assert "\n" not in str(err.value) and (tmp_path / "config.yaml").read_text() == config
+    run("probe", [f"resume={tmp_path}", "total_frames=128", "eval.episodes=2"])
+    (record,) = [json.loads(line) for line in (tmp_path / "resumes.jsonl").read_text().splitlines()]
+    assert record["changed"] == {"total_frames": {"from": 64, "to": 128}, "eval.episodes": {"from": 1, "to": 2}}
+    assert record["env_steps"] >= 64
+    assert "total_frames: 128" in (tmp_path / "config.yaml").read_text()
 
 
 def test_unknown_env_id_stops_before_any_work(tmp_path, probe_registered):

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.modules import set_recurrent_mode
 
-from acer_torchrl.config import ConfigError
+from acer_torchrl.config import ConfigError, dump_yaml
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import make_torso
 from acer_torchrl.replay import EpisodeReplay
@@ -22,6 +23,7 @@ from acer_torchrl.shared_replay import (
     AgentReplay,
     RemoteReplay,
     SharedReplay,
+    agent_configs,
     parse_sweep_args,
     run,
     serve,
@@ -128,6 +130,20 @@ def test_sweep_arguments():
         parse_sweep_args(["sweep.bogus=1"])
     with pytest.raises(ConfigError, match="mode"):
         parse_sweep_args(["mode=cloud"])
+
+
+def test_resumed_sweep_keeps_every_agents_own_settings(tmp_path):
+    """A requeued job passes its first arguments again: their base lr, entropy cost and seed do not replace
+    (nor, for the entropy cost of the loss, stop) the values each agent trains with."""
+    argv = ["agents=2", "preset=cartpole", "optim.lr=0.01", "laser.entropy_coef=0.02", "seed=3", f"run_dir={tmp_path}"]
+    sweep, overrides = parse_sweep_args(argv)
+    _, started = agent_configs(sweep, overrides)
+    for cfg in started:
+        (tmp_path / Path(cfg.run_dir).name).mkdir()
+        dump_yaml(cfg, Path(cfg.run_dir) / "config.yaml")
+    _, resumed = agent_configs(sweep, [o.replace("run_dir=", "resume=") for o in overrides])
+    own = [(c.optim.lr, c.algo.entropy_coef, c.seed) for c in started]
+    assert [(c.optim.lr, c.algo.entropy_coef, c.seed) for c in resumed] == own and own[0] != own[1]
 
 
 # ---------------------------------------------------------------------------------------------- 2 processes
