@@ -11,11 +11,12 @@ from acer_torchrl.config import ConfigError, load_config
 USER_ERRORS = (ConfigError, CheckpointError)
 
 
-def run(recipe: str, overrides: list[str]) -> dict:
-    """Build the config of ``recipe`` with ``overrides`` and train; returns the run's summary dict."""
+def run(recipe: str, overrides: list[str], stop_signals: bool = False) -> dict:
+    """Build the config of ``recipe`` with ``overrides`` and train; returns the run's summary dict. With
+    ``stop_signals``, SIGINT / SIGTERM checkpoint and raise :class:`~acer_torchrl.trainer.Interrupted`."""
     from acer_torchrl.trainer import train
 
-    return train(load_config(recipe, overrides))
+    return train(load_config(recipe, overrides), stop_signals)
 
 
 def main(recipe: str, argv: list[str] | None = None) -> int:
@@ -26,13 +27,16 @@ def main(recipe: str, argv: list[str] | None = None) -> int:
         print(f"usage: python recipes/{recipe}.py [preset=NAME] [key=value ...]  (see README)")
         return 0
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    from acer_torchrl.trainer import TrainingError
+    from acer_torchrl.trainer import Interrupted, TrainingError
 
     try:
-        summary = run(recipe, argv)
+        summary = run(recipe, argv, stop_signals=True)
     except (*USER_ERRORS, TrainingError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Interrupted as stop:
+        print(stop, file=sys.stderr)
+        return stop.exit_code
     print(
         f"{summary['algorithm']} on {summary['env']}: {summary['env_steps']} env steps, final score "
         f"{summary['eval_return_mean']:.1f} (mean greedy return of the {summary['final_score_evaluations']} "

@@ -110,6 +110,9 @@ class _WorkerEnv:
     seed_env: bool
 
     def __call__(self) -> EnvBase:
+        # Ctrl-C reaches every process of the terminal's foreground group: the learner checkpoints and then
+        # shuts the workers down itself
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if "SLURM_JOB_ID" in os.environ:
             # SLURM signals every process of a job on requeue/preemption; the learner process handles it
             # (submitit checkpoint + requeue) and shuts the workers down itself, SIGKILL still ends them.

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,14 @@ from acer_torchrl.rundir import prepare_run_dir
 
 class TrainingError(RuntimeError):
     """Training cannot go on (e.g. non-finite loss); the CLI prints its message as one line."""
+
+
+class Interrupted(Exception):
+    """The run stopped at a signal after checkpointing; the message (one line) says how to continue it."""
+
+    def __init__(self, signum: int, env_steps: int, recipe: str, run_dir: Path):
+        super().__init__(f"interrupted at {env_steps} env steps; continue with: python recipes/{recipe}.py resume={run_dir}")
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
 
 
 @dataclass
@@ -91,8 +100,10 @@ def evaluate(cfg: Config, policy, env) -> tuple[float, float]:
 class Trainer:
     """Owns the run: agent, optimiser, replay, collector, counters and the run directory."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, stop_signals: bool = False):
         self.cfg = cfg
+        self.stop_signals = stop_signals  # see stopping_on_signals
+        self.stop_signal: int | None = None
         self.device = resolve_device(cfg.device)
         run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
         self.run_dir = prepare_run_dir(run_dir, resume=bool(cfg.resume), overwrite=cfg.overwrite)
@@ -304,13 +315,40 @@ class Trainer:
         collector = self.make_collector(remaining)
         self.start_clock()
         try:
-            for batch in collector:
-                if self.on_batch(batch, collector, eval_env):
-                    break
+            with self.stopping_on_signals():
+                for batch in collector:
+                    if self.on_batch(batch, collector, eval_env):
+                        break
+                    if self.stop_signal is not None:
+                        self.checkpoint()
+                        raise Interrupted(self.stop_signal, self.counters.env_steps, self.cfg.loss, self.run_dir)
         finally:
             self.stop_clock()
             with contextlib.suppress(Exception):
                 collector.shutdown()
+
+    @contextlib.contextmanager
+    def stopping_on_signals(self):
+        """With ``stop_signals`` (the recipe command line), SIGINT / SIGTERM set :attr:`stop_signal`: the loop
+        stops after the batch in hand, with a checkpoint. A second signal acts as it did before (e.g. Ctrl-C's
+        KeyboardInterrupt). Under submitit (:mod:`acer_torchrl.cluster`) its own handlers are left in place."""
+        if not self.stop_signals:
+            yield
+            return
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def request_stop(signum, _frame) -> None:
+            self.stop_signal = signum
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        for sig in previous:
+            signal.signal(sig, request_stop)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def make_collector(self, remaining: int):
         """This run's collector: ``collector.workers`` processes (in-process when 0), ``remaining`` steps."""
@@ -393,6 +431,7 @@ class Trainer:
         return any(before < step <= after for step in final_window_steps(self.cfg.total_frames))
 
 
-def train(cfg: Config) -> dict:
-    """Run (or resume) one training run described by ``cfg``; returns its summary."""
-    return Trainer(cfg).train()
+def train(cfg: Config, stop_signals: bool = False) -> dict:
+    """Run (or resume) one training run described by ``cfg``; returns its summary. With ``stop_signals``,
+    SIGINT / SIGTERM end it with a checkpoint and :class:`Interrupted`."""
+    return Trainer(cfg, stop_signals).train()

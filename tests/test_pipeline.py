@@ -163,6 +163,28 @@ def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_regi
     assert logged == sorted(set(logged)) and logged[-1] >= saved["env_steps"] + 320, "one row per logged step"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_checkpoints_and_says_how_to_resume_in_one_line(tmp_path, sig):
+    """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM: a checkpoint of the batch in hand, one line."""
+    args = [sys.executable, str(ROOT / "recipes" / "acer.py"), f"run_dir={tmp_path}", "total_frames=100000",
+            "collector.workers=0", "log.checkpoint_interval=64", "eval.interval=100000", *FAST]
+    proc = subprocess.Popen(args, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=os.environ)
+    deadline = time.time() + 120
+    while not (tmp_path / "checkpoint" / "counters.json").exists():  # training, the handlers in place
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.2)
+    os.killpg(proc.pid, sig)
+    _, stderr = proc.communicate(timeout=60)
+    steps = json.loads((tmp_path / "checkpoint" / "counters.json").read_text())["env_steps"]
+    assert proc.returncode == 128 + sig and "Traceback" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"interrupted at {steps} env steps; continue with: python recipes/acer.py resume={tmp_path}"
+    )
+    assert 64 <= steps < 100000 and not (tmp_path / "summary.json").exists()
+
+
 def test_corrupt_checkpoint_is_one_clear_error(tmp_path, probe_registered):
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
     (tmp_path / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
