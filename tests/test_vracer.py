@@ -445,6 +445,9 @@ def test_config_errors_name_the_key():
         load_config("vracer", ["network.lstm=true"])
     with pytest.raises(ConfigError, match=r"vracer.D must be in \(0, 1\), got 1.5"):
         load_config("vracer", ["vracer.D=1.5"])
+    # issue 25: this run used to end with 0 updates and no word
+    with pytest.raises(ConfigError, match="replay.min_size=1000 exceeds replay.capacity=500: replay updates would never"):
+        load_config("vracer", ["replay.capacity=500", "replay.min_size=1000"])
     discrete = EnvInfo(obs_shape=(4,), obs_dtype=torch.float32, discrete=True, num_actions=2)
     with pytest.raises(ConfigError, match="continuous"):
         build(load_config("vracer", ["env.name=CartPole-v1"]), discrete)
