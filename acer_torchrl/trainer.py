@@ -408,7 +408,7 @@ class Trainer:
             metrics["train_return"] = float(np.mean(returns))
             self._bar.set_postfix(ret=f"{metrics['train_return']:.1f}", upd=c.updates)
         if c.env_steps >= c.next_eval or self._final_window_due(c.env_steps - steps, c.env_steps):
-            metrics["eval_return_mean"], metrics["eval_return_std"] = evaluate(cfg, self.acting, eval_env)
+            metrics["eval_return_mean"], metrics["eval_return_std"] = self.evaluate_on_bar(eval_env)
             c.next_eval += cfg.eval.interval * max(1, math.ceil((c.env_steps - c.next_eval + 1) / cfg.eval.interval))
             metrics["replay_steps"] = len(self.replay)
             # the replay's episode-length mix and the step size: what a late collapse is read against
@@ -425,6 +425,15 @@ class Trainer:
                 1, math.ceil((c.env_steps - c.next_checkpoint + 1) / cfg.log.checkpoint_interval)
             )
         return c.env_steps >= cfg.total_frames
+
+    def evaluate_on_bar(self, eval_env) -> tuple[float, float]:
+        """A greedy evaluation, named on the progress bar while it runs: the one at 100 % (the final score's
+        last) comes after the bar is full and takes minutes on Atari."""
+        self._bar.set_description_str(f"greedy evaluation ({self.cfg.eval.episodes} episodes)")
+        try:
+            return evaluate(self.cfg, self.acting, eval_env)
+        finally:
+            self._bar.set_description_str("")
 
     def _final_window_due(self, before: int, after: int) -> bool:
         """Whether this batch crossed one of the final-score window's evaluation points (90/95/100 %)."""

@@ -185,6 +185,12 @@ def test_signal_checkpoints_and_says_how_to_resume_in_one_line(tmp_path, sig):
     assert 64 <= steps < 100000 and not (tmp_path / "summary.json").exists()
 
 
+def test_progress_bar_names_the_evaluation_that_follows_its_100_percent(tmp_path, probe_registered, capsys):
+    run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST, "log.progress=true"])
+    bar = capsys.readouterr().err
+    assert "greedy evaluation (1 episodes): 100%" in bar, bar
+
+
 def test_corrupt_checkpoint_is_one_clear_error(tmp_path, probe_registered):
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
     (tmp_path / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
