@@ -6,7 +6,8 @@ back with ``torch.load(weights_only=True)``: no arbitrary code runs on load), ``
 ``checkpoint.tmp/`` and swapped in by renames, so a kill at any moment leaves a complete checkpoint
 (``checkpoint/`` or, between the two renames, ``checkpoint.old/``). ``manifest.json`` lists every file with its
 size and CRC-32; a checkpoint is verified against it before anything is read (a truncated, damaged or foreign
-file is one line, not zeros in the replay).
+file is one line, not zeros in the replay). torch is imported where a checkpoint is saved or loaded, so
+that :class:`CheckpointError` costs the command line (``--help``) no torch import.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import shutil
 import zlib
 from pathlib import Path
 
-import torch
-
 
 MANIFEST = "manifest.json"
 
@@ -28,6 +27,8 @@ class CheckpointError(RuntimeError):
 
 
 def save_checkpoint(run_dir: Path, state: dict, counters: dict, replay) -> None:
+    import torch
+
     final, tmp, old = (run_dir / n for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -103,6 +104,8 @@ def latest_checkpoint(run_dir: Path) -> Path:
 def load_checkpoint(run_dir: Path, replay=None) -> tuple[dict, dict]:
     """Return ``(state, counters)`` of the latest checkpoint and restore ``replay`` (if given) in place;
     any damage -> :class:`CheckpointError`."""
+    import torch
+
     path = latest_checkpoint(run_dir)
     verify_manifest(path)
     try:

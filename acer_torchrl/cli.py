@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import sys
 import warnings
 
@@ -19,12 +21,30 @@ def run(recipe: str, overrides: list[str], stop_signals: bool = False) -> dict:
     return train(load_config(recipe, overrides), stop_signals)
 
 
+def help_text(recipe: str) -> str:
+    """``--help``: the presets and every key with its value under the default preset, read from
+    :mod:`acer_torchrl.settings` (which imports no torch, so that it prints at once)."""
+    from acer_torchrl.config import Config, flat_settings, set_key
+
+    settings = importlib.import_module(f"acer_torchrl.settings.{recipe}")
+    (section,) = [v for v in vars(settings).values() if dataclasses.is_dataclass(v) and v.__module__ == settings.__name__]
+    default = settings.DEFAULT_PRESET
+    cfg = Config(loss=recipe, preset=default, algo=section())
+    for key, value in settings.PRESETS[default].items():
+        set_key(cfg, key, value)
+    keys = "\n".join(f"  {key}={value}" for key, value in flat_settings(cfg).items())
+    return (
+        f"usage: python recipes/{recipe}.py [preset=NAME] [key=value ...]\n"
+        f"presets: {', '.join(settings.PRESETS)} (default {default})\n"
+        f"keys, with their values under preset={default} (README.md explains them):\n{keys}"
+    )
+
+
 def main(recipe: str, argv: list[str] | None = None) -> int:
     """Run a recipe from the command line; user errors end with one line on stderr and exit code 2."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
-        print(f"usage: python recipes/{recipe}.py [preset=NAME] [key=value ...]  (see README)")
+        print(help_text(recipe))
         return 0
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     from acer_torchrl.trainer import Interrupted, TrainingError

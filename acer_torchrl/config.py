@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from acer_torchrl.envs import EnvConfig
+from acer_torchrl.settings.env import EnvConfig
 from acer_torchrl.validation import INT64, ConfigError, allowed, check_allowed
 
 ACTIVATIONS = ("relu", "tanh", "elu", "softsign")

@@ -38,7 +38,8 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torchrl.envs import EnvBase, GymWrapper, InitTracker, RewardSum, StepCounter, TransformedEnv
 from torchrl.envs.transforms import Transform
 
-from acer_torchrl.validation import check_allowed, allowed
+from acer_torchrl.settings.env import EnvConfig
+from acer_torchrl.validation import check_allowed
 
 gym.register_envs(ale_py)
 
@@ -48,21 +49,6 @@ FAMILIES = (
     "Atari through ale-py (ALE/Pong-v5, ALE/Breakout-v5, ...)"
 )
 _CARTPOLE_POSITIONS = [0, 2]  # cart position x and pole angle theta; 1 and 3 are their velocities
-
-
-@allowed(num_envs="[1, 1024]", frame_skip="[1, 1000]", noop_max="[0, inf)", frame_stack="[1, 64]",
-         max_episode_steps="[1, inf)", repeat_action_probability="[0, 1]")
-@dataclass
-class EnvConfig:
-    name: str = "CartPole-v1"  # a gymnasium id of one of FAMILIES
-    pomdp: bool = False  # CartPole only: observe x and theta, not the velocities
-    num_envs: int = 1  # envs stepped together in one collector worker (batches [num_envs, T] when > 1)
-    frame_skip: int = 4  # Atari: agent steps repeat the action this many frames (max-pool of the last two)
-    noop_max: int = 30  # Atari: up to this many no-op frames after a reset
-    episodic_life: bool = False  # Atari: a lost life terminates the episode
-    frame_stack: int = 4  # Atari: frames stacked in an observation (1 for recurrent agents)
-    max_episode_steps: int | None = None  # time limit in agent steps (None: the id's registered limit)
-    repeat_action_probability: float | None = None  # Atari sticky actions (None: the id's, 0.25 for v5)
 
 
 @dataclass(frozen=True)

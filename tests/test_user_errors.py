@@ -142,6 +142,26 @@ def test_replay_too_large_for_the_memory_is_refused_before_it_is_allocated(monke
         replay.extend(batch)  # 100 000 steps of 1 KiB: do not fit
 
 
+@pytest.mark.parametrize("algo, presets, key", [
+    ("acer", "cartpole, atari, mujoco, pendulum (default cartpole)", "acer.replay_ratio=4.0"),
+    ("reactor", "cartpole, cartpole_pomdp, atari (default cartpole)", "reactor.pg=beta_loo"),
+    ("vracer", "mujoco, pendulum (default pendulum)", "vracer.D=0.1"),
+    ("laser", "cartpole, cartpole_pomdp, atari, mujoco (default cartpole)", "laser.online_share=0.125"),
+])
+def test_help_lists_presets_and_keys_without_importing_torch(tmp_path, algo, presets, key):
+    code = (f"import sys; sys.argv = ['recipes/{algo}.py', '--help']; import runpy; "
+            f"runpy.run_path('{ROOT / 'recipes' / (algo + '.py')}', run_name='__main__')")
+    check = "import atexit, sys; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
+    proc = subprocess.run([sys.executable, "-c", check + code], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"usage: python recipes/{algo}.py [preset=NAME] [key=value ...]"
+    assert lines[1] == f"presets: {presets}"
+    assert f"  {key}" in lines and any(line.startswith("  replay.capacity=") for line in lines)
+    assert lines[-1] == "torch imported: False"
+
+
 def test_runs_write_only_in_their_run_dir_and_never_into_an_old_run(tmp_path):
     cwd, run_dir = tmp_path / "cwd", tmp_path / "run"
     cwd.mkdir()

@@ -42,7 +42,7 @@ Deviations from the paper, and why:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict, TensorDictBase, TensorDictParams
@@ -54,7 +54,7 @@ from torchrl.objectives import SoftUpdate
 
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm
-from acer_torchrl.config import MAX_WIDTH, Config, ConfigError
+from acer_torchrl.config import Config
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import (
     BEHAVIOUR,
@@ -77,32 +77,7 @@ from acer_torchrl.objectives.common import (
     trace_cut,
 )
 from acer_torchrl.replay import MASK_KEY
-from acer_torchrl.validation import allowed
-
-
-@allowed(replay_ratio="[0, 1000]", c="(0, inf)", delta="(0, inf)", alpha="[0, 1)", entropy_coef="[0, inf)",
-         critic_coef="[0, inf)", sdn_samples="[1, 1000]", sdn_hidden=MAX_WIDTH, init_std="(0, inf)")
-@dataclass
-class ACERConfig:
-    """``acer.<field>=`` overrides (paper values: Atari sec. 4, MuJoCo sec. 6)."""
-
-    replay_ratio: float = 4.0  # r of Alg. 1: Poisson(r) replay updates after each collected batch
-    on_policy: bool | None = None  # on-policy update first (Alg. 1); None: discrete yes, continuous no (sec. 6)
-    c: float = 10.0  # importance-weight truncation of the policy gradient (eq. 9 / 16)
-    trust_region: bool = True  # efficient trust region (sec. 3.3); false: truncation + bias correction only
-    delta: float = 1.0  # trust-region constraint (eq. 11)
-    alpha: float = 0.99  # average policy network decay: theta_a <- alpha theta_a + (1 - alpha) theta
-    entropy_coef: float = 0.001
-    critic_coef: float = 1.0  # weight of 1/2 (Q^ret - Q)^2 (eq. 6) [+ 1/2 (V^target - V)^2, eq. 14]
-    sdn_samples: int = 5  # n of eq. 13 (continuous)
-    sdn_hidden: list[int] = field(default_factory=lambda: [64])  # the SDN's advantage network A(x, a)
-    init_std: float = 0.3  # Gaussian policy std (sec. 6: fixed 0.3)
-    learn_std: bool = False  # learn a state-independent std instead of the fixed one
-
-    def validate(self, cfg: Config) -> None:
-        """The checks across fields (each field's range is declared above)."""
-        if self.on_policy is False and self.replay_ratio == 0:
-            raise ConfigError("acer.on_policy=false with acer.replay_ratio=0 never updates; set one of them")
+from acer_torchrl.settings.acer import DEFAULT_PRESET, PRESETS, ACERConfig
 
 
 class SDNAdvantage(nn.Module):
@@ -471,95 +446,4 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     return Agent(loss=loss, policy=acting_policy(torso, policy_head, info), torsos=[torso], updaters=updaters)
 
 
-PRESETS: dict[str, dict[str, object]] = {
-    # quick discrete check (what `make train` runs): a few minutes on 2 cores
-    "cartpole": {
-        "env.name": "CartPole-v1",
-        # gamma 0.995, not 0.99: greedy policies that fell from 500 kept the pole up and let the cart drift off
-        # the track after ~300 steps; at 0.99 a state 300 steps from that end is worth 95 against 100 for a safe
-        # one, at 0.995 156 against 200 (benchmarks/results/cartpole-stability.md)
-        "gamma": 0.995,
-        "total_frames": 50_000,
-        "collector.workers": 2,
-        "collector.frames_per_batch": 64,
-        "replay.seq_len": 16,
-        "replay.batch_size": 32,  # 512 steps a step: 16 sequences reached 475 in fewer seeds (noisier)
-        "replay.capacity": 50_000,
-        "replay.min_size": 1_000,
-        "optim.lr": 5e-4,
-        "network.hidden": "[128, 128]",
-        "eval.interval": 2_500,
-        "acer.replay_ratio": 4.0,
-        "acer.entropy_coef": 0.01,
-        "acer.c": 10.0,
-        "acer.delta": 1.0,
-        "acer.alpha": 0.99,
-    },
-    # paper sec. 4: Nature CNN, k = 20, c = 10, delta = 1, alpha = 0.99, replay ratio 4, 50 000 frames per actor
-    "atari": {
-        "env.name": "ALE/Pong-v5",
-        "total_frames": 10_000_000,
-        "collector.workers": 2,
-        "collector.frames_per_batch": 80,
-        "replay.seq_len": 20,
-        "replay.batch_size": 16,
-        "replay.capacity": 100_000,  # 50 000 per actor x 2 workers
-        "replay.min_size": 10_000,
-        "replay.memmap": True,
-        "optim.lr": 1e-3,
-        "optim.max_grad_norm": 40.0,
-        "gamma": 0.99,
-        "eval.interval": 250_000,
-        "log.checkpoint_interval": 500_000,
-        "acer.replay_ratio": 4.0,
-        "acer.entropy_coef": 0.001,
-        "acer.c": 10.0,
-        "acer.delta": 1.0,
-        "acer.alpha": 0.99,
-    },
-    # paper sec. 6 / App. E: fixed sigma 0.3, 5 000-step replay per actor, updates every 50 steps,
-    # c = 5, alpha = 0.995, n = 5, off-policy only
-    "mujoco": {
-        "env.name": "HalfCheetah-v5",
-        "total_frames": 1_000_000,
-        "collector.workers": 2,
-        "collector.frames_per_batch": 50,
-        "replay.seq_len": 50,
-        "replay.batch_size": 8,
-        "replay.capacity": 10_000,  # 5 000 per actor x 2 workers
-        "replay.min_size": 1_000,
-        "optim.lr": 3e-4,
-        "eval.interval": 25_000,
-        "acer.on_policy": False,
-        "acer.replay_ratio": 4.0,
-        "acer.entropy_coef": 0.0,
-        "acer.c": 5.0,
-        "acer.delta": 1.0,
-        "acer.alpha": 0.995,
-        "acer.sdn_samples": 5,
-        "acer.init_std": 0.3,
-        "acer.learn_std": False,
-    },
-    "pendulum": {
-        "env.name": "InvertedPendulum-v5",
-        "total_frames": 50_000,
-        "collector.workers": 2,
-        "collector.frames_per_batch": 50,
-        "replay.seq_len": 25,
-        "replay.batch_size": 16,
-        "replay.capacity": 10_000,
-        "replay.min_size": 1_000,
-        "optim.lr": 1e-3,
-        "eval.interval": 2_500,
-        "acer.on_policy": False,
-        "acer.replay_ratio": 4.0,
-        "acer.entropy_coef": 0.0,
-        "acer.c": 5.0,
-        "acer.delta": 2.0,  # the top of the paper's range [0.1, 2]: delta = 1 kept ~40% of steps projected
-        # sec. 6: "The rate of the soft updating (alpha as in Section 3.3) is set to 0.995 in all setups
-        # involving trust region updating" (0.99 is the Atari value, sec. 4)
-        "acer.alpha": 0.995,
-    },
-}
-
-ALGORITHM = Algorithm("acer", ACERConfig, build, PRESETS, default_preset="cartpole")
+ALGORITHM = Algorithm("acer", ACERConfig, build, PRESETS, default_preset=DEFAULT_PRESET)

@@ -45,34 +45,12 @@ from torchrl.objectives import HardUpdate
 
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm
-from acer_torchrl.config import MAX_WIDTH, Config, ConfigError
+from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import BEHAVIOUR, Torso, acting_policy, make_torso
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask, trace_cut
 from acer_torchrl.objectives.functional import retrace
-from acer_torchrl.validation import allowed
-
-PG_ESTIMATORS = ("beta_loo", "tislr")
-BEHAVIOUR_MODES = ("memorised", "learned")
-
-
-@allowed(lam="[0, 1]", pg=PG_ESTIMATORS, beta_c="[1, inf]", tislr_c="(0, inf)", behaviour=BEHAVIOUR_MODES,
-         epsilon="[0, 1)", target_update="[1, inf)", entropy_scale="[0, inf)", head_hidden=MAX_WIDTH,
-         updates_per_batch="[0, 1000]")
-@dataclass
-class ReactorConfig:
-    lam: float = 1.0  # Retrace lambda in c_s = lambda min(1, pi/mu) (eq. 2); sec. 4.2 also tries 0.9
-    pg: str = "beta_loo"  # beta_loo (eq. 5) | tislr (sec. 2.2)
-    beta_c: float = 1.0  # beta = min(beta_c, 1/mu(A)): 1 -> LOO (eq. 4), inf -> 1/mu-LOO (eq. 6), 5 -> "M5/L5"
-    tislr_c: float = 10.0  # truncation c of TISLR
-    behaviour: str = "memorised"  # memorised (stored mu, "M") | learned (mu-hat head, "L")
-    epsilon: float = 0.01  # uniform mixing in the pi and mu-hat heads: x (1 - eps) + eps / #actions (Table 1)
-    target_update: int = 1000  # T_update: learner steps between target-network copies (sec. 3.4)
-    entropy_scale: float = 0.1  # entropy bonus = entropy_scale x mean action gap (sec. 3.5)
-    head_hidden: int = 32  # width of the heads' hidden linear layer before its CReLU (Table 1)
-    updates_per_batch: float = 1.0  # learner steps per collected batch (fractions drawn at random)
-
-
+from acer_torchrl.settings.reactor import DEFAULT_PRESET, PG_ESTIMATORS, PRESETS, ReactorConfig
 
 # ----------------------------------------------------------------------------------------------
 # Networks (Table 1)
@@ -567,72 +545,4 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     return Agent(loss=loss, policy=policy, torsos=torsos, updaters=[target_updater(loss, rc.target_update)])
 
 
-PRESETS = {
-    # greedy 500 after 20k-25k env steps (2 seeds); lambda = 0.9 (sec. 4.2) held it better afterwards than 1.0
-    "cartpole": {
-        "env.name": "CartPole-v1",
-        # gamma 0.995, not 0.99: greedy policies that fell from 500 kept the pole up and let the cart drift off
-        # the track after ~300 steps; at 0.99 a state 300 steps from that end is worth 95 against 100 for a safe
-        # one, at 0.995 156 against 200 (benchmarks/results/cartpole-stability.md)
-        "gamma": 0.995,
-        "total_frames": 50_000,
-        "network.hidden": [64],
-        "network.lstm": False,
-        "replay.seq_len": 33,  # tau (sec. 3.4)
-        "replay.batch_size": 16,
-        "replay.min_size": 1_000,
-        "replay.capacity": 100_000,
-        "reactor.target_update": 200,
-        "reactor.updates_per_batch": 4.0,
-        "reactor.epsilon": 0.05,
-        "reactor.lam": 0.9,
-        # the learned mu-hat: 5/5 seeds reached 475 within 60k steps, the memorised mu 2/5 (results/learning.md)
-        "reactor.behaviour": "learned",
-        "optim.lr": 5e-4,
-        "eval.interval": 5_000,
-    },
-    # CartPole without velocities: the Q, pi and mu-hat LSTMs must integrate positions over time. With the
-    # paper's entropy constant 0.1 one run collapsed to a deterministic policy (return ~9); with 1.0 and the
-    # memorised mu it rose to greedy ~215 after 60k env steps, with the learned mu-hat to 445 at 120k (one run
-    # each; the 5-seed benchmark is in benchmarks/results/learning.md)
-    "cartpole_pomdp": {
-        "env.name": "CartPole-v1",
-        "env.pomdp": True,
-        "total_frames": 200_000,
-        "network.hidden": [64],
-        "network.lstm": True,
-        "network.lstm_hidden": 64,
-        "replay.seq_len": 33,
-        "replay.batch_size": 16,
-        "replay.min_size": 1_000,
-        "replay.capacity": 100_000,
-        "reactor.target_update": 200,
-        "reactor.updates_per_batch": 2.0,
-        "reactor.epsilon": 0.05,
-        "reactor.lam": 0.9,
-        "reactor.entropy_scale": 1.0,
-        "reactor.behaviour": "learned",
-        "optim.lr": 5e-4,
-        "eval.interval": 10_000,
-    },
-    # Table 1 network on single 84x84 frames (the LSTMs carry the history); needs a GPU to learn at speed
-    "atari": {
-        "env.name": "ALE/Pong-v5",
-        "env.frame_stack": 1,
-        "total_frames": 10_000_000,
-        "network.lstm": True,
-        "network.lstm_hidden": 128,
-        "replay.seq_len": 33,
-        "replay.batch_size": 32,
-        "replay.min_size": 10_000,
-        "replay.capacity": 500_000,  # ~10 GB memmap: both observations and the acting outputs are stored
-        "replay.memmap": True,
-        "reactor.target_update": 1000,
-        "reactor.updates_per_batch": 1.0,
-        "collector.frames_per_batch": 128,
-        "optim.lr": 5e-5,
-        "eval.interval": 250_000,
-    },
-}
-
-ALGORITHM = Algorithm("reactor", ReactorConfig, build, PRESETS, default_preset="cartpole")
+ALGORITHM = Algorithm("reactor", ReactorConfig, build, PRESETS, default_preset=DEFAULT_PRESET)

@@ -55,34 +55,11 @@ from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mas
 from acer_torchrl.objectives.functional import vtrace
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
 from acer_torchrl.replay import SLOT_KEY, EpisodeReplay
-from acer_torchrl.validation import allowed
+from acer_torchrl.settings.vracer import DEFAULT_PRESET, PRESETS, VRACERConfig
 
 STORED = "vracer"  # root of the per-step estimates kept in the replay
 VALUE, RHO, NEXT_VALUE, VTBC, QRET = "value", "rho", "next_value", "vtbc", "qret"
 _WRITTEN_BACK = {VALUE: "state_value", RHO: "rho", NEXT_VALUE: "next_state_value"}  # stored <- loss output
-
-
-@allowed(C="(0, inf)", A="[0, inf)", D="(0, 1)", steps_per_update="[1e-3, inf)", init_std="(0, inf)",
-         truncation="(0, inf)", reward_scale_interval="[1, inf)", epsilon="(0, inf)")
-@dataclass
-class VRACERConfig:
-    C: float = 4.0  # ReF-ER: c_max(t) = 1 + C / (1 + A t) (eq. 13)
-    A: float = 5e-7  # ReF-ER: annealing of c_max and of the learning rate (eq. 13)
-    D: float = 0.1  # ReF-ER: tolerated far-policy fraction of the replay (eq. 12)
-    rule1: bool = True  # ReF-ER Rule 1 (skip far-policy samples); false: ablation of sec. 5 (then rho <= 1e3, sec. 5.3)
-    rule2: bool = True  # ReF-ER Rule 2 (KL penalty, beta of eq. 12); both false: plain ER
-    steps_per_update: float = 1.0  # F: env steps per gradient step (App. A)
-    # initial policy std in [-1, 1] action units: App. A's covariance Sigma = 0.2 I, i.e. std sqrt(0.2)
-    # (the authors' smarties code: explNoise 0.4472135955)
-    init_std: float = math.sqrt(0.2)
-    truncation: float = 3.0  # actions are drawn from the normal truncated at this many std (App. A)
-    reward_scale_interval: int = 1000  # gradient steps between recomputations of sigma_r (App. B, Alg. 1)
-    epsilon: float = 1e-7  # App. B: s_hat = (s - mu_s) / (sigma_s + eps), r_hat = r / (sigma_r + eps)
-
-    def validate(self, cfg: Config) -> None:
-        """The checks across fields (each field's range is declared above)."""
-        if cfg.network.lstm:
-            raise ConfigError("loss=vracer trains on single time steps: network.lstm=true is not supported")
 
 
 # ---------------------------------------------------------------------------------------------- network
@@ -623,34 +600,4 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     return Agent(loss=loss, policy=acting_policy(torso.module, head, algo.truncation), torsos=[torso])
 
 
-_PAPER = {  # App. A: MLP 2x128 Softsign, Adam lr 1e-4, gamma 0.995, N = 2^18, B = 256, F = 1
-    "network.hidden": [128, 128],
-    "network.activation": "softsign",
-    "optim.lr": 1e-4,
-    "optim.max_grad_norm": 1e6,  # the paper does not clip gradients
-    "gamma": 0.995,
-    "replay.capacity": 2**18,
-    "replay.batch_size": 256,
-    "replay.seq_len": 1,
-}
-
-PRESETS: dict[str, dict] = {
-    # the paper's settings (App. A) on a MuJoCo task; N_start is not given in the paper
-    "mujoco": {
-        **_PAPER,
-        "env.name": "HalfCheetah-v5",
-        "total_frames": 1_000_000,
-        "replay.min_size": 10_000,
-        "eval.interval": 25_000,
-    },
-    # the same settings on InvertedPendulum-v5 (the benchmark: a greedy return >= 950 within 50 000 steps)
-    "pendulum": {
-        **_PAPER,
-        "env.name": "InvertedPendulum-v5",
-        "total_frames": 50_000,
-        "replay.min_size": 2_000,
-        "eval.interval": 2_500,
-    },
-}
-
-ALGORITHM = Algorithm("vracer", VRACERConfig, build, PRESETS, default_preset="pendulum")
+ALGORITHM = Algorithm("vracer", VRACERConfig, build, PRESETS, default_preset=DEFAULT_PRESET)
