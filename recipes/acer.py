@@ -2,7 +2,7 @@
 
     python recipes/acer.py [preset=cartpole|atari|mujoco|pendulum] [key=value ...]
 
-``preset=cartpole`` is the default (what ``make train`` runs); see ``acer_torchrl/objectives/acer.py``
+``preset=cartpole`` is the default (what ``make train`` runs); see ``acer_torchrl/settings/acer.py``
 for the presets and the ``acer.*`` keys.
 """
 

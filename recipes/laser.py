@@ -2,7 +2,7 @@
 
     python recipes/laser.py [preset=cartpole|cartpole_pomdp|atari|mujoco] [key=value ...]
 
-``preset=cartpole`` is the default; see ``acer_torchrl/objectives/laser.py`` for the presets and the
+``preset=cartpole`` is the default; see ``acer_torchrl/settings/laser.py`` for the presets and the
 ``laser.*`` keys (e.g. ``laser.online_share=0`` for the pure-replay ablation of Fig. 2,
 ``laser.trust_region=false`` for plain V-trace, ``laser.kl_threshold=`` for b). A sweep of agents sharing
 one replay: ``recipes/laser_sweep.py``.

@@ -2,7 +2,7 @@
 
     python recipes/reactor.py [preset=cartpole|cartpole_pomdp|atari] [key=value ...]
 
-``preset=cartpole`` is the default; see ``acer_torchrl/objectives/reactor.py`` for the presets and the
+``preset=cartpole`` is the default; see ``acer_torchrl/settings/reactor.py`` for the presets and the
 ``reactor.*`` keys (e.g. ``reactor.behaviour=learned`` for the "L" variants, ``reactor.beta_c=inf`` for
 the 1/mu-LOO estimator, ``reactor.pg=tislr``, ``replay.recurrent_state=zero`` for the paper's LSTM reset).
 """

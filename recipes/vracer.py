@@ -5,7 +5,7 @@
 Both presets hold the paper's settings (App. A: MLP 2x128 Softsign, Adam 1e-4, gamma 0.995, N = 2^18,
 B = 256, F = 1): ``preset=pendulum`` (the default) on InvertedPendulum-v5 for 50 000 steps,
 ``preset=mujoco`` on HalfCheetah-v5 for 10^6 steps (any MuJoCo v5 task with ``env.name=``).
-See ``acer_torchrl/objectives/vracer.py`` for the ``vracer.*`` keys (ReF-ER's ``C``, ``A``, ``D``;
+``--help`` lists every key; ``acer_torchrl/settings/vracer.py`` explains the ``vracer.*`` keys (ReF-ER's ``C``, ``A``, ``D``;
 ``steps_per_update`` F...).
 """
 
