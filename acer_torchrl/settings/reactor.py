@@ -34,10 +34,6 @@ PRESETS = {
     # greedy 500 after 20k-25k env steps (2 seeds); lambda = 0.9 (sec. 4.2) held it better afterwards than 1.0
     "cartpole": {
         "env.name": "CartPole-v1",
-        # gamma 0.995, not 0.99: greedy policies that fell from 500 kept the pole up and let the cart drift off
-        # the track after ~300 steps; at 0.99 a state 300 steps from that end is worth 95 against 100 for a safe
-        # one, at 0.995 156 against 200 (benchmarks/results/cartpole-stability.md)
-        "gamma": 0.995,
         "total_frames": 50_000,
         "network.hidden": [64],
         "network.lstm": False,
