@@ -570,12 +570,12 @@ def test_lstm_bootstraps_from_the_unroll_state_not_the_stored_one():
 @pytest.mark.slow
 @pytest.mark.learning
 def test_cartpole_learns(tmp_path):
-    """Discrete ACER, preset=cartpole, 20k env steps (~50 s on 2 quiet cores): the greedy return climbs far
-    above random (~22). In the 5-seed benchmark (results/learning.md) every greedy evaluation after 12.5k
-    steps scored >= 139."""
+    """Discrete ACER, preset=cartpole (gamma 0.999), 25.6k env steps (~70 s on 2 quiet cores): the final score
+    (mean greedy return of 10 episodes at 90, 95 and 100 % of the run) is far above random (~22). Seed 0 of the
+    5-seed benchmark scored 337, 215, 234 at 20k-25k; the pilot seed 4 140-378 (results/cartpole-stability.md)."""
     from acer_torchrl.cli import run
 
-    summary = run("acer", ["preset=cartpole", "total_frames=20480", "eval.interval=1000000", "eval.episodes=5",
+    summary = run("acer", ["preset=cartpole", "total_frames=25600", "eval.interval=1000000",
                            f"run_dir={tmp_path}", "log.progress=false"])
-    assert summary["env_steps"] >= 20_480
+    assert summary["env_steps"] >= 25_600 and summary["final_score_evaluations"] == 3
     assert summary["eval_return_mean"] >= 100, summary

@@ -10,7 +10,6 @@ padding.
 
 from __future__ import annotations
 
-import csv
 import math
 
 import numpy as np
@@ -409,17 +408,13 @@ def test_batches_mix_the_configured_online_share(tmp_path, share):
 @pytest.mark.slow
 @pytest.mark.learning
 def test_cartpole_learns(tmp_path):
-    """CartPole-v1, preset=cartpole, ~20k env steps: the greedy return climbs far above a random policy's ~22.
-
-    The mean of the evaluations after 10k is checked, not the last one alone: once learned, single greedy
-    evaluations still swing (seeds 11-13, every 2 500 steps from 12.5k: 240, 233, 440, 488 / 105, 491, 384,
-    353 / 325, 398, 247, 451; a final one of 106.6 was seen in CI)."""
+    """CartPole-v1, preset=cartpole (gamma 0.999), 30k env steps: the final score (mean greedy return of 10
+    episodes at 90, 95 and 100 % of the run) is far above a random policy's ~22. Single greedy evaluations
+    still swing at this stage (seed 0 of the 5-seed benchmark: 204, 94, 287, 268 at 15k-30k; the pilot 152,
+    269, 287, 400), which is why the score averages three of them."""
     from acer_torchrl.cli import run
 
-    summary = run("laser", ["preset=cartpole", "total_frames=20032", "eval.interval=2500", "eval.episodes=5",
+    summary = run("laser", ["preset=cartpole", "total_frames=30016", "eval.interval=1000000",
                             f"run_dir={tmp_path}", "log.progress=false"])
-    assert summary["env_steps"] >= 20_000
-    with (tmp_path / "metrics.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if r["eval_return_mean"]]
-    late = [float(r["eval_return_mean"]) for r in rows if int(r["env_steps"]) > 10_000]
-    assert len(late) >= 3 and sum(late) / len(late) >= 150, late
+    assert summary["env_steps"] >= 30_000 and summary["final_score_evaluations"] == 3
+    assert summary["eval_return_mean"] >= 150, summary

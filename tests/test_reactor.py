@@ -481,19 +481,18 @@ def test_pomdp_preset_runs_with_three_lstms(tmp_path, recurrent_state):
 @pytest.mark.slow
 @pytest.mark.learning
 def test_reactor_learns_cartpole(tmp_path):
-    """preset=cartpole (replay-only beta-LOO, learned mu-hat): a random policy scores ~20; in the 5-seed
-    benchmark every seed's best greedy evaluation within 25k env steps was >= 358."""
+    """preset=cartpole (replay-only beta-LOO, learned mu-hat): a random policy scores ~20; the final score
+    (mean greedy return of 10 episodes at 90, 95 and 100 % of the run) at 25.6k is far above it (seed 0 of the
+    preset scored 416 at 20k and 428 at 25k, results/cartpole-stability.md)."""
     from acer_torchrl.cli import run
 
     summary = run(
         "reactor",
-        ["preset=cartpole", "total_frames=25600", "log.progress=false", "eval.interval=5000", "eval.episodes=3",
+        ["preset=cartpole", "total_frames=25600", "log.progress=false", "eval.interval=1000000",
          f"run_dir={tmp_path / 'run'}", "seed=0"],
     )
-    header, *rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
-    column = header.split(",").index("eval_return_mean")
-    evals = [float(row.split(",")[column]) for row in rows if row.split(",")[column]]
-    assert max(evals) >= 150, (evals, summary)
+    assert summary["final_score_evaluations"] == 3
+    assert summary["eval_return_mean"] >= 150, summary
 
 
 def test_resumed_run_keeps_the_target_copy_schedule(tmp_path):
