@@ -1,7 +1,8 @@
-"""Environments: classic control, MuJoCo v5 and Atari (ale-py), as TorchRL envs.
+"""Environments: classic control, MuJoCo v5, Atari (ale-py) and MinAtar, as TorchRL envs.
 
-Cheap per-env work happens below TorchRL, in numpy: gymnasium's time limit, CartPole's POMDP mask and
-the float64 -> float32 cast of MuJoCo observations are gymnasium wrappers, and Atari's standard DQN
+Cheap per-env work happens below TorchRL, in numpy: gymnasium's time limit, CartPole's POMDP mask,
+the float64 -> float32 cast of MuJoCo observations and MinAtar's channel-first uint8 frames are gymnasium
+wrappers, and Atari's standard DQN
 preprocessing (no-op starts, frame skip with a max-pool of the last two frames, 84x84 grey uint8 frames,
 frame stack) is done by ale-py's C++ vector env, without OpenCV. TorchRL wraps the result
 (``GymWrapper``) and appends ``InitTracker`` ("is_init"), ``StepCounter`` ("step_count"), ``RewardSum``
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -46,9 +48,17 @@ gym.register_envs(ale_py)
 FAMILIES = (
     "classic control (CartPole-v1, Acrobot-v1, Pendulum-v1, ...), "
     "MuJoCo v5 (Hopper-v5, HalfCheetah-v5, Walker2d-v5, ...), "
-    "Atari through ale-py (ALE/Pong-v5, ALE/Breakout-v5, ...)"
+    "Atari through ale-py (ALE/Pong-v5, ALE/Breakout-v5, ...), "
+    "MinAtar (MinAtar/Breakout-v1, MinAtar/Seaquest-v1, ...; -v0: all 6 actions)"
 )
 _CARTPOLE_POSITIONS = [0, 2]  # cart position x and pole angle theta; 1 and 3 are their velocities
+MINATAR_PREFIX = "MinAtar/"
+MINATAR_GRID = (10, 10)  # every MinAtar game is a 10x10 grid of 0/1 channels (Young & Tian 2019, sec. 2)
+# Only Freeway ends on time (2 500 frames); the other games can go on forever once the agent is good (e.g.
+# Breakout refills its bricks), so a limit bounds each episode and each greedy evaluation: 10 000 steps (no
+# frame skip in MinAtar: frames too), far beyond a random agent's ~12-step Breakout episode. Reaching it
+# truncates the episode (the value bootstraps), as gymnasium's time limits do.
+MINATAR_MAX_EPISODE_STEPS = 10_000
 
 
 @dataclass(frozen=True)
@@ -64,8 +74,25 @@ class EnvInfo:
     action_high: tuple[float, ...] | None = None
 
 
+def _register_minatar() -> None:
+    """Registers the ``MinAtar/<Game>-v0/v1`` ids with gymnasium (the minatar package does not on import:
+    its ``gymnasium.envs`` entry point is not loaded by gymnasium 1.x). Imported only for MinAtar runs:
+    minatar imports matplotlib's pyplot and seaborn (hence pandas)."""
+    if f"{MINATAR_PREFIX}Breakout-v1" in gym.registry:
+        return
+    try:
+        from minatar.gym import register_envs
+    except ModuleNotFoundError as err:
+        if (err.name or "").partition(".")[0] != "minatar":
+            raise
+        raise ValueError("MinAtar envs need the minatar package: pip install minatar") from None
+    register_envs()
+
+
 def env_family(name: str) -> str:
-    """``"classic"``, ``"mujoco"`` or ``"atari"``; a ``ValueError`` naming ``env.name`` otherwise."""
+    """``"classic"``, ``"mujoco"``, ``"atari"`` or ``"minatar"``; a ``ValueError`` naming ``env.name`` otherwise."""
+    if name.startswith(MINATAR_PREFIX):
+        _register_minatar()
     spec = gym.registry.get(name)
     entry = spec.entry_point if spec is not None else None
     if isinstance(entry, str):
@@ -79,6 +106,8 @@ def env_family(name: str) -> str:
             if spec.kwargs.get("obs_type", "rgb") != "rgb":
                 raise ValueError(f"env.name {name!r}: Atari ids with RAM/grey observations are not supported, use e.g. 'ALE/Pong-v5'")
             return "atari"
+        if entry == "minatar.gym:BaseEnv":
+            return "minatar"
     raise ValueError(f"unknown env.name {name!r}: supported families are {FAMILIES}")
 
 
@@ -119,8 +148,38 @@ def _quiet_mujoco_compiler() -> Iterator[None]:
         mujoco.set_mju_user_warning(None)
 
 
+class _ChannelFirstFrames(gym.ObservationWrapper):
+    """MinAtar's bool ``[10, 10, C]`` grids as uint8 ``[C, 10, 10]`` (0/1): the layout of ``nn.Conv2d``,
+    one byte a cell in the replay; the encoder converts them to float on the learner's device."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        height, width, channels = env.observation_space.shape
+        self.observation_space = gym.spaces.Box(0, 1, (channels, height, width), dtype=np.uint8)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(observation.view(np.uint8).transpose(2, 0, 1))
+
+
+def _make_minatar_env(cfg: EnvConfig) -> gym.Env:
+    """One MinAtar game: sticky actions (MinAtar's 0.1 unless ``env.repeat_action_probability``), the time
+    limit (``env.max_episode_steps``, else :data:`MINATAR_MAX_EPISODE_STEPS`), channel-first uint8 frames."""
+    rap = cfg.repeat_action_probability
+    with warnings.catch_warnings():  # "-v0 is out of date": here -v0 is the full action set, not an old version
+        warnings.filterwarnings("ignore", ".*MinAtar/.* is out of date", DeprecationWarning)
+        env = gym.make(
+            cfg.name,
+            max_episode_steps=cfg.max_episode_steps or MINATAR_MAX_EPISODE_STEPS,
+            disable_env_checker=True,
+            **({} if rap is None else {"sticky_action_prob": rap}),
+        )
+    return _ChannelFirstFrames(env)
+
+
 def _make_gym_env(cfg: EnvConfig) -> gym.Env:
-    """One classic-control or MuJoCo gymnasium env with the time limit, POMDP mask and float32 cast."""
+    """One classic-control, MuJoCo or MinAtar gymnasium env with the time limit, POMDP mask and float32 cast."""
+    if cfg.name.startswith(MINATAR_PREFIX):
+        return _make_minatar_env(cfg)
     with _quiet_mujoco_compiler():
         env = gym.make(cfg.name, max_episode_steps=cfg.max_episode_steps, disable_env_checker=True)
     if cfg.pomdp or env.observation_space.dtype != np.float32:

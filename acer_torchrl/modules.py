@@ -24,7 +24,7 @@ from torchrl.modules import LSTMModule, ProbabilisticActor
 from torchrl.modules.distributions import IndependentNormal
 from torchrl.envs.utils import ExplorationType
 
-from acer_torchrl.envs import EnvInfo
+from acer_torchrl.envs import MINATAR_GRID, EnvInfo
 
 BEHAVIOUR = "behaviour"  # root key of the statistics written at acting time
 
@@ -47,34 +47,53 @@ class MLPEncoder(nn.Sequential):
         self.out_dim = in_dim
 
 
-class NatureCNN(nn.Module):
-    """The DQN/A3C "Nature" convolutional encoder (Mnih et al. 2015) for uint8 [C, 84, 84] frames.
+class FrameEncoder(nn.Module):
+    """``conv`` (ending in a flatten) then ``fc`` on uint8 ``[*B, C, H, W]`` frames.
 
-    Frames are stored as uint8 once and scaled to [0, 1] here, on the learner's device. Any number of
-    leading batch dims is accepted (``[*B, C, 84, 84]``).
+    Frames are stored as uint8 once and converted to float (divided by ``pixel_max``, to [0, 1]) here, on
+    the learner's device. Any number of leading batch dims is accepted.
     """
 
-    def __init__(self, in_channels: int, out_dim: int = 512):
+    def __init__(self, conv: nn.Sequential, fc: nn.Sequential, out_dim: int, pixel_max: float):
         super().__init__()
-        self.conv = nn.Sequential(
+        self.conv, self.fc, self.out_dim, self.pixel_max = conv, fc, out_dim, pixel_max
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        batch = frames.shape[:-3]
+        x = frames.reshape(-1, *frames.shape[-3:]).float().div_(self.pixel_max)
+        return self.fc(self.conv(x)).reshape(*batch, self.out_dim)
+
+
+class NatureCNN(FrameEncoder):
+    """The DQN/A3C "Nature" convolutional encoder (Mnih et al. 2015) for uint8 [C, 84, 84] frames (0-255)."""
+
+    def __init__(self, in_channels: int, out_dim: int = 512):
+        conv = nn.Sequential(
             nn.Conv2d(in_channels, 32, 8, stride=4), nn.ReLU(),
             nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
             nn.Flatten(),
         )
-        self.fc = nn.Sequential(nn.Linear(64 * 7 * 7, out_dim), nn.ReLU())
-        self.out_dim = out_dim
+        super().__init__(conv, nn.Sequential(nn.Linear(64 * 7 * 7, out_dim), nn.ReLU()), out_dim, pixel_max=255.0)
 
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        batch = frames.shape[:-3]
-        x = frames.reshape(-1, *frames.shape[-3:]).float().div_(255.0)
-        return self.fc(self.conv(x)).reshape(*batch, self.out_dim)
+
+class MinAtarCNN(FrameEncoder):
+    """MinAtar's network (Young & Tian 2019, the torso of its DQN and AC(lambda) baselines) for 0/1 uint8
+    [C, 10, 10] grids: one convolution of 16 3x3 filters, stride 1, no padding (10x10 -> 8x8), ReLU, then a
+    128-unit ReLU layer."""
+
+    def __init__(self, in_channels: int, out_dim: int = 128):
+        side = MINATAR_GRID[0] - 2  # a 3x3 "valid" convolution trims one cell on each side
+        conv = nn.Sequential(nn.Conv2d(in_channels, 16, 3, stride=1), nn.ReLU(), nn.Flatten())
+        super().__init__(conv, nn.Sequential(nn.Linear(16 * side * side, out_dim), nn.ReLU()), out_dim, pixel_max=1.0)
 
 
 def make_encoder(info: EnvInfo, hidden: list[int], act: str) -> nn.Module:
-    """MLP for vector observations, Nature CNN for image (uint8 [C, H, W]) observations."""
+    """MLP for vector observations; for uint8 [C, H, W] frames, MinAtar's network on MinAtar's 10x10 grids,
+    the Nature CNN otherwise (Atari's 84x84)."""
     if len(info.obs_shape) == 3:
-        return NatureCNN(info.obs_shape[0])
+        cnn = MinAtarCNN if tuple(info.obs_shape[1:]) == MINATAR_GRID else NatureCNN
+        return cnn(info.obs_shape[0])
     if len(info.obs_shape) != 1:
         raise ValueError(f"unsupported observation shape {tuple(info.obs_shape)}")
     return MLPEncoder(info.obs_shape[0], hidden, act)

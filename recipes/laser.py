@@ -1,6 +1,6 @@
 """LASER (Schmitt et al. 2020): V-trace actor-critic with mixed online/replay batches and a trust region.
 
-    python recipes/laser.py [preset=cartpole|cartpole_pomdp|atari|mujoco] [key=value ...]
+    python recipes/laser.py [preset=cartpole|cartpole_pomdp|atari|minatar|mujoco] [key=value ...]
 
 ``preset=cartpole`` is the default; see ``acer_torchrl/settings/laser.py`` for the presets and the
 ``laser.*`` keys (e.g. ``laser.online_share=0`` for the pure-replay ablation of Fig. 2,

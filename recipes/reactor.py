@@ -1,6 +1,6 @@
 """Reactor (Gruslys et al. 2018) on the shared pipeline.
 
-    python recipes/reactor.py [preset=cartpole|cartpole_pomdp|atari] [key=value ...]
+    python recipes/reactor.py [preset=cartpole|cartpole_pomdp|atari|minatar] [key=value ...]
 
 ``preset=cartpole`` is the default; see ``acer_torchrl/settings/reactor.py`` for the presets and the
 ``reactor.*`` keys (e.g. ``reactor.behaviour=learned`` for the "L" variants, ``reactor.beta_c=inf`` for

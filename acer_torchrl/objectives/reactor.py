@@ -28,6 +28,8 @@ Deviations from the paper, and why:
 * The mean action gap uses the expectation over the uniformly chosen other action,
   ``A/(A-1) (max_a Q - mean_a Q)``, instead of one random draw (same mean, no sampling noise).
 * TISLR's correction term uses the current estimate ``Q(a)`` in place of the unknown ``Q^pi(a)``.
+* MinAtar's 10x10 grids get MinAtar's own ReLU encoder (Young & Tian 2019): Table 1's 84x84 convolutions
+  do not fit them.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ from torchrl.objectives import HardUpdate
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm
 from acer_torchrl.config import Config, ConfigError
-from acer_torchrl.envs import EnvInfo
-from acer_torchrl.modules import BEHAVIOUR, Torso, acting_policy, make_torso
+from acer_torchrl.envs import MINATAR_GRID, EnvInfo
+from acer_torchrl.modules import BEHAVIOUR, FrameEncoder, MinAtarCNN, Torso, acting_policy, make_torso
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask, trace_cut
 from acer_torchrl.objectives.functional import retrace
 from acer_torchrl.settings.reactor import DEFAULT_PRESET, PG_ESTIMATORS, PRESETS, ReactorConfig
@@ -91,25 +93,18 @@ class ReactorMLP(nn.Sequential):
         self.out_dim = in_dim
 
 
-class ReactorCNN(nn.Module):
+class ReactorCNN(FrameEncoder):
     """Table 1's encoder for uint8 ``[C, 84, 84]`` frames: three convolutions (16, 32, 32 filters of 8/4/3
     pixels, strides 4/2/1), each followed by a CReLU, then ``Linear(128) -> CReLU`` (256 features)."""
 
     def __init__(self, in_channels: int, linear: int = 128):
-        super().__init__()
-        self.conv = nn.Sequential(
+        conv = nn.Sequential(
             nn.Conv2d(in_channels, 16, 8, stride=4), CReLUChannels(),
             nn.Conv2d(32, 32, 4, stride=2), CReLUChannels(),
             nn.Conv2d(64, 32, 3, stride=1), CReLUChannels(),
             nn.Flatten(),
         )
-        self.fc = nn.Sequential(nn.Linear(64 * 7 * 7, linear), CReLU())
-        self.out_dim = 2 * linear
-
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        batch = frames.shape[:-3]
-        x = frames.reshape(-1, *frames.shape[-3:]).float().div_(255.0)
-        return self.fc(self.conv(x)).reshape(*batch, self.out_dim)
+        super().__init__(conv, nn.Sequential(nn.Linear(64 * 7 * 7, linear), CReLU()), 2 * linear, pixel_max=255.0)
 
 
 def _crelu_mlp(in_dim: int, hidden: int, out_dim: int) -> nn.Sequential:
@@ -150,8 +145,11 @@ class DuelingHead(nn.Module):
 
 
 def make_encoder(info: EnvInfo, hidden: list[int]) -> nn.Module:
+    """Table 1's CNN for Atari frames, MinAtar's own network (Young & Tian 2019) for its 10x10 grids (Table 1's
+    84x84 convolutions do not fit them), the CReLU MLP for vectors."""
     if len(info.obs_shape) == 3:
-        return ReactorCNN(info.obs_shape[0])
+        cnn = MinAtarCNN if tuple(info.obs_shape[1:]) == MINATAR_GRID else ReactorCNN
+        return cnn(info.obs_shape[0])
     if len(info.obs_shape) != 1:
         raise ConfigError(f"reactor: unsupported observation shape {tuple(info.obs_shape)}")
     return ReactorMLP(info.obs_shape[0], hidden)

@@ -34,6 +34,24 @@ class ACERConfig:
             raise ConfigError("acer.on_policy=false with acer.replay_ratio=0 never updates; set one of them")
 
 
+# paper sec. 4 (Atari), shared by the atari and minatar presets
+_ATARI = {
+    "collector.workers": 2,
+    "collector.frames_per_batch": 80,
+    "replay.seq_len": 20,  # k
+    "replay.batch_size": 16,
+    "replay.capacity": 100_000,  # 50 000 per actor x 2 workers
+    "replay.min_size": 10_000,
+    "optim.lr": 1e-3,
+    "optim.max_grad_norm": 40.0,
+    "gamma": 0.99,
+    "acer.replay_ratio": 4.0,
+    "acer.entropy_coef": 0.001,
+    "acer.c": 10.0,
+    "acer.delta": 1.0,
+    "acer.alpha": 0.99,
+}
+
 PRESETS: dict[str, dict[str, object]] = {
     # quick discrete check (what `make train` runs): a few minutes on 2 cores
     "cartpole": {
@@ -60,25 +78,22 @@ PRESETS: dict[str, dict[str, object]] = {
     },
     # paper sec. 4: Nature CNN, k = 20, c = 10, delta = 1, alpha = 0.99, replay ratio 4, 50 000 frames per actor
     "atari": {
+        **_ATARI,
         "env.name": "ALE/Pong-v5",
         "total_frames": 10_000_000,
-        "collector.workers": 2,
-        "collector.frames_per_batch": 80,
-        "replay.seq_len": 20,
-        "replay.batch_size": 16,
-        "replay.capacity": 100_000,  # 50 000 per actor x 2 workers
-        "replay.min_size": 10_000,
         "replay.memmap": True,
-        "optim.lr": 1e-3,
-        "optim.max_grad_norm": 40.0,
-        "gamma": 0.99,
         "eval.interval": 250_000,
         "log.checkpoint_interval": 500_000,
-        "acer.replay_ratio": 4.0,
-        "acer.entropy_coef": 0.001,
-        "acer.c": 10.0,
-        "acer.delta": 1.0,
-        "acer.alpha": 0.99,
+    },
+    # The Atari settings (sec. 4) on MinAtar's network (Young & Tian 2019), feed-forward like MinAtar's agents
+    # (its trail channels show the last move in one frame); 2M steps (issue 20's benchmark). The replay stays
+    # in RAM: 100 000 steps of uint8 [C, 10, 10] grids are at most 10 MB of observations (Seaquest: C = 10).
+    "minatar": {
+        **_ATARI,
+        "env.name": "MinAtar/Breakout-v1",
+        "total_frames": 2_000_000,
+        "eval.interval": 100_000,
+        "log.checkpoint_interval": 200_000,
     },
     # paper sec. 6 / App. E: fixed sigma 0.3, 5 000-step replay per actor, updates every 50 steps,
     # c = 5, alpha = 0.995, n = 5, off-policy only

@@ -18,5 +18,7 @@ class EnvConfig:
     noop_max: int = 30  # Atari: up to this many no-op frames after a reset
     episodic_life: bool = False  # Atari: a lost life terminates the episode
     frame_stack: int = 4  # Atari: frames stacked in an observation (1 for recurrent agents)
-    max_episode_steps: int | None = None  # time limit in agent steps (None: the id's registered limit)
-    repeat_action_probability: float | None = None  # Atari sticky actions (None: the id's, 0.25 for v5)
+    # time limit in agent steps (None: the id's registered limit; MinAtar: envs.MINATAR_MAX_EPISODE_STEPS)
+    max_episode_steps: int | None = None
+    # Atari and MinAtar sticky actions (None: the id's, 0.25 for Atari v5; MinAtar's own 0.1)
+    repeat_action_probability: float | None = None
