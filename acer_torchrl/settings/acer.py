@@ -87,7 +87,7 @@ PRESETS: dict[str, dict[str, object]] = {
     },
     # The Atari settings (sec. 4) on MinAtar's network (Young & Tian 2019), feed-forward like MinAtar's agents
     # (its trail channels show the last move in one frame); 2M steps (issue 20's benchmark). The replay stays
-    # in RAM: 100 000 steps of uint8 [C, 10, 10] grids are at most 10 MB of observations (Seaquest: C = 10).
+    # in RAM: 100 000 steps of uint8 [C, 10, 10] grids are at most 100 MB of observations (Seaquest: C = 10).
     "minatar": {
         **_ATARI,
         "env.name": "MinAtar/Breakout-v1",
