@@ -143,10 +143,10 @@ def test_replay_too_large_for_the_memory_is_refused_before_it_is_allocated(monke
 
 
 @pytest.mark.parametrize("algo, presets, key", [
-    ("acer", "cartpole, atari, mujoco, pendulum (default cartpole)", "acer.replay_ratio=4.0"),
-    ("reactor", "cartpole, cartpole_pomdp, atari (default cartpole)", "reactor.pg=beta_loo"),
+    ("acer", "cartpole, atari, minatar, mujoco, pendulum (default cartpole)", "acer.replay_ratio=4.0"),
+    ("reactor", "cartpole, cartpole_pomdp, atari, minatar (default cartpole)", "reactor.pg=beta_loo"),
     ("vracer", "mujoco, pendulum (default pendulum)", "vracer.D=0.1"),
-    ("laser", "cartpole, cartpole_pomdp, atari, mujoco (default cartpole)", "laser.online_share=0.125"),
+    ("laser", "cartpole, cartpole_pomdp, atari, minatar, mujoco (default cartpole)", "laser.online_share=0.125"),
 ])
 def test_help_lists_presets_and_keys_without_importing_torch(tmp_path, algo, presets, key):
     code = (f"import sys; sys.argv = ['recipes/{algo}.py', '--help']; import runpy; "
