@@ -225,7 +225,7 @@ def test_bad_override_surfaces_as_failed_job(tmp_path, capsys):
     # slurm/submit.py --wait reports it as one line naming the key
     assert load_submit().wait_and_report([job], [{"name": "bad"}]) == 1
     line = capsys.readouterr().out
-    assert line.count("\n") == 1 and "FAILED: acer_torchrl.config.ConfigError:" in line and "optim.lrr" in line
+    assert line.count("\n") == 1 and "FAILED: acer_torchrl.validation.ConfigError:" in line and "optim.lrr" in line
 
 
 # ---------------------------------------------------------------- without a cluster
