@@ -408,13 +408,13 @@ def test_batches_mix_the_configured_online_share(tmp_path, share):
 @pytest.mark.slow
 @pytest.mark.learning
 def test_cartpole_learns(tmp_path):
-    """CartPole-v1, preset=cartpole (gamma 0.999), 30k env steps: the final score (mean greedy return of 10
-    episodes at 90, 95 and 100 % of the run) is far above a random policy's ~22. Single greedy evaluations
-    still swing at this stage (seed 0 of the 5-seed benchmark: 204, 94, 287, 268 at 15k-30k; the pilot 152,
-    269, 287, 400), which is why the score averages three of them."""
+    """CartPole-v1, preset=cartpole (gamma 0.999), 40k env steps: the final score (mean greedy return of 10
+    episodes at 90, 95 and 100 % of the run) is far above a random policy's ~22. At 30k single evaluations
+    still swing (seed 0 of the 5-seed benchmark: 204, 94, 287, 268 at 15k-30k) and a fresh-clone CI run failed
+    there; at 40k the five benchmark seeds scored 500, 465, 498, 500, 500."""
     from acer_torchrl.cli import run
 
-    summary = run("laser", ["preset=cartpole", "total_frames=30016", "eval.interval=1000000",
+    summary = run("laser", ["preset=cartpole", "total_frames=40000", "eval.interval=1000000",
                             f"run_dir={tmp_path}", "log.progress=false"])
-    assert summary["env_steps"] >= 30_000 and summary["final_score_evaluations"] == 3
+    assert summary["env_steps"] >= 40_000 and summary["final_score_evaluations"] == 3
     assert summary["eval_return_mean"] >= 150, summary
