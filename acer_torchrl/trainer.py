@@ -82,19 +82,31 @@ def default_run_dir(cfg: Config) -> Path:
     return Path("runs") / f"{cfg.loss}-{cfg.env.name.replace('/', '_')}-s{cfg.seed}-{stamp}"
 
 
-def evaluation_env_config(env: EnvConfig) -> EnvConfig:
-    """The env evaluations play: whole games (no episodic life), one at a time."""
-    return dataclasses.replace(env, num_envs=1, episodic_life=False)
+def evaluation_env_config(env: EnvConfig, games: int = 1) -> EnvConfig:
+    """The env evaluations play: whole games (no episodic life), ``games`` of them side by side."""
+    return dataclasses.replace(env, num_envs=games, episodic_life=False)
 
 
 def evaluate(cfg: Config, policy, env) -> tuple[float, float]:
-    """Greedy (``ExplorationType.DETERMINISTIC``) returns over ``eval.episodes`` episodes."""
-    returns = []
+    """Greedy (``ExplorationType.DETERMINISTIC``) returns of the ``eval.episodes`` games of ``env``
+    (:func:`evaluation_env_config`), played side by side, one policy call per step for all of them.
+
+    Each game's first episode counts, whole (all start together, so no game's length decides which
+    episodes are counted); a game that ended is reset and stepped on, its steps ignored, until the last one
+    ends or ``eval.max_steps`` steps pass (a game still running then counts its return so far).
+    """
+    games = max(env.batch_size.numel(), 1)
+    returns = torch.zeros(games, dtype=torch.float64)
+    finished = torch.zeros(games, dtype=torch.bool)
     with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
-        for _ in range(cfg.eval.episodes):
-            rollout = env.rollout(cfg.eval.max_steps, policy, break_when_any_done=True)
-            returns.append(float(rollout.get(("next", "reward")).sum()))
-    return float(np.mean(returns)), float(np.std(returns))
+        td = env.reset()
+        for _ in range(cfg.eval.max_steps):
+            step, td = env.step_and_maybe_reset(policy(td))
+            returns += step.get(("next", "reward")).reshape(games).double() * ~finished
+            finished |= step.get(("next", "done")).reshape(games)
+            if finished.all():
+                break
+    return float(returns.mean()), float(returns.std(unbiased=False))
 
 
 class Trainer:
@@ -266,7 +278,7 @@ class Trainer:
     def make_eval_env(self):
         c = self.counters
         return make_env(
-            evaluation_env_config(self.cfg.env),
+            evaluation_env_config(self.cfg.env, games=self.cfg.eval.episodes),
             seed=self.cfg.seed + 10_000 + c.restarts,
             extra_transforms=self.agent.env_transforms,
         )

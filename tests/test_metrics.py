@@ -3,9 +3,15 @@ reading of its definition, and the trainer's evaluation schedule that fills its 
 
 import json
 
+import numpy as np
 import pytest
+import torch
+from tensordict.nn import TensorDictModule
 
+from acer_torchrl.config import load_config
+from acer_torchrl.envs import make_env
 from acer_torchrl.metrics import final_score, final_window_steps
+from acer_torchrl.trainer import evaluate, evaluation_env_config
 
 
 def plain_final_score(curve, env_steps):
@@ -82,3 +88,28 @@ def test_linear_lr_schedule_reaches_its_end_factor(tmp_path):
     constant = Trainer(load_config("acer", ["total_frames=1000", "collector.workers=0", f"run_dir={tmp_path}/c"]))
     constant.counters.env_steps = 700
     assert constant.lr_schedule() == 1.0
+
+
+class AngleOnly(torch.nn.Module):
+    """A deterministic CartPole policy of middling skill: episodes of different lengths per seed."""
+
+    def forward(self, observation):
+        return (observation[..., 2] > 0).long()
+
+
+@pytest.mark.parametrize("max_steps", [10_000, 30])
+def test_evaluation_plays_each_games_first_episode(max_steps):
+    """The side-by-side evaluation equals one episode per game played alone from the same seed (game i of
+    an env seeded s is seeded s + i), capped at ``eval.max_steps`` steps."""
+    cfg = load_config("acer", ["preset=cartpole", "eval.episodes=6", f"eval.max_steps={max_steps}"])
+    policy = TensorDictModule(AngleOnly(), in_keys=["observation"], out_keys=["action"])
+    env = make_env(evaluation_env_config(cfg.env, games=6), seed=40)
+    mean, std = evaluate(cfg, policy, env)
+    alone = []
+    for i in range(6):
+        single = make_env(evaluation_env_config(cfg.env), seed=40 + i)
+        rollout = single.rollout(max_steps, policy, break_when_any_done=True)
+        alone.append(float(rollout.get(("next", "reward")).sum()))
+    assert len(set(alone)) > 1 or max_steps == 30  # the games differ: a mean over the wrong episodes would show
+    assert mean == pytest.approx(np.mean(alone))
+    assert std == pytest.approx(np.std(alone))
