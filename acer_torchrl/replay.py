@@ -127,7 +127,7 @@ class EpisodeReplay:
 
     # ------------------------------------------------------------------ writing
     def __len__(self) -> int:
-        return int(self.alive.sum())
+        return self.alive_slots().numel()
 
     @property
     def num_episodes(self) -> int:
@@ -217,15 +217,20 @@ class EpisodeReplay:
         victims = self.episode[slots][self.alive[slots]].unique()
         if victims.numel():
             self.alive &= ~torch.isin(self.episode, victims)
+            self._alive_slots = None
 
     # ------------------------------------------------------------------ reading
-    def _sample_starts(self, n: int) -> torch.Tensor:
+    def alive_slots(self) -> torch.Tensor:
+        """The slots of the stored (sampleable) steps, ascending; kept until the next write."""
         if self._alive_slots is None:
             self._alive_slots = self.alive.nonzero().squeeze(-1)
-        if self._alive_slots.numel() == 0:
+        return self._alive_slots
+
+    def _sample_starts(self, n: int) -> torch.Tensor:
+        alive = self.alive_slots()
+        if alive.numel() == 0:
             raise RuntimeError("cannot sample from an empty replay")
-        pick = torch.randint(self._alive_slots.numel(), (n,), generator=self.generator)
-        return self._alive_slots[pick]
+        return alive[torch.randint(alive.numel(), (n,), generator=self.generator)]
 
     def follow(self, starts: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots of ``length`` consecutive steps from ``starts`` within their episodes, and their mask.
@@ -271,10 +276,11 @@ class EpisodeReplay:
             values[~has_successor] = self.episode_ends._storage.get(("next", key))[entry]
         return values
 
-    def sample_sequences(self, batch_size: int, seq_len: int) -> TensorDictBase:
-        """``[batch_size, seq_len]`` sequences starting at uniformly drawn stored steps."""
+    def sample_sequences(self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
+        """``[batch_size, seq_len]`` sequences starting at uniformly drawn stored steps; only ``keys`` when
+        given."""
         idx, mask = self.follow(self._sample_starts(batch_size), seq_len)
-        data = self.gather(idx)
+        data = self.gather(idx, keys)
         data.set(MASK_KEY, mask)
         return data
 

@@ -129,8 +129,8 @@ class Trainer:
         self.acting = self.agent.policy if self.device.type == "cpu" else copy.deepcopy(self.agent.policy)
         self.loss = self.agent.loss.to(self.device)
         params = [p for p in self.loss.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(
-            params, lr=cfg.optim.lr, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay
+        self.optimizer = torch.optim.Adam(  # fused: one kernel for all parameters (~3x faster on CPU)
+            params, lr=cfg.optim.lr, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay, fused=True
         )
         self.params = params
         self.replay = self.make_replay()
@@ -217,7 +217,7 @@ class Trainer:
             parts.append(self.online.take(n_online).to(self.device))
         if seq_len == 1 and not n_online:
             return self.replay.sample_steps(cfg.batch_size, self.loss.in_keys)
-        replayed = self.replay.sample_sequences(cfg.batch_size - n_online, seq_len).to(self.device)
+        replayed = self.replay.sample_sequences(cfg.batch_size - n_online, seq_len, self.loss.in_keys).to(self.device)
         if self.agent.recurrent:
             if cfg.recurrent_state == "refresh":
                 with set_recurrent_mode(True):
@@ -251,8 +251,9 @@ class Trainer:
             updater.step()
         self.counters.updates += 1
         self.loss.after_update(batch, out, self.replay)
-        stats = {k: float(v.detach().float().mean()) for k, v in out.items() if v.numel() >= 1}
-        stats["grad_norm"] = float(grad_norm)
+        names = [k for k, v in out.items() if v.numel() >= 1]
+        means = [out.get(k).detach().float().mean() for k in names] + [grad_norm.detach().float()]
+        stats = dict(zip([*names, "grad_norm"], torch.stack(means).tolist()))  # one device sync, not one per entry
         self.watch_health(stats)
         return stats
 

@@ -20,6 +20,7 @@ from torchrl.objectives import SoftUpdate
 
 from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.objectives.acer import ACERLoss, SDNAdvantage
+from acer_torchrl.objectives.updaters import FusedSoftUpdate
 from windows import layout, padded_window
 
 GAMMA = 0.9
@@ -402,14 +403,23 @@ def test_update_plan_follows_algorithm_1():
 
 
 def test_average_network_follows_soft_update():
+    """theta_a <- alpha theta_a + (1 - alpha) theta (sec. 3.3) for every parameter, step after step, with the
+    fused updater the recipes use."""
     loss = discrete_loss(trust_region=True)
-    updater = SoftUpdate(loss, eps=0.9)
+    updater = FusedSoftUpdate(loss, eps=0.9)
+    source, average = loss.actor_network_params, loss.target_actor_network_params
     with torch.no_grad():
         loss.actor_network_params["module", "bias"].fill_(1.0)
     updater.step()
-    torch.testing.assert_close(
-        loss.target_actor_network_params["module", "bias"], torch.full((A,), 0.1, dtype=torch.float64)
-    )
+    torch.testing.assert_close(average["module", "bias"], torch.full((A,), 0.1, dtype=torch.float64))
+    for _ in range(2):
+        with torch.no_grad():
+            for p in source.values(True, True):
+                p.copy_(torch.randn_like(p))
+        expected = {k: 0.9 * v + 0.1 * source.get(k) for k, v in average.clone().items(True, True)}
+        updater.step()
+        for key, value in expected.items():
+            torch.testing.assert_close(average.get(key), value)
     assert all("target" not in name for name, _ in loss.named_parameters())
 
 

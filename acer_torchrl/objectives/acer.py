@@ -15,7 +15,7 @@ policy term, and the bias correction uses one action sampled from pi (eq. 16).
 Efficient trust region (sec. 3.3): the policy gradient is taken w.r.t. the distribution statistics
 ``phi`` (logits; loc, and scale when it is learned), projected with eq. 12 against
 ``k = grad_phi KL(f(.|phi_avg) || f(.|phi))`` of an average policy network
-``theta_a <- alpha theta_a + (1 - alpha) theta`` (TorchRL ``SoftUpdate`` on the loss' target parameters),
+``theta_a <- alpha theta_a + (1 - alpha) theta`` (TorchRL's ``SoftUpdate`` pairing, fused: :class:`~acer_torchrl.objectives.updaters.FusedSoftUpdate`),
 and back-propagated into theta through phi only. In TorchRL terms this is a surrogate loss: ``g`` is
 computed by autograd w.r.t. a detached copy of ``phi`` (exact, per step), projected to ``z*``, and
 ``loss_policy = -mean_t (z*_t.detach() . phi_t)`` so that ``d loss / d theta = -mean_t z*_t dphi_t/dtheta``
@@ -50,7 +50,6 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torch import nn
 from torchrl.modules.distributions import IndependentNormal
-from torchrl.objectives import SoftUpdate
 
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm
@@ -76,6 +75,7 @@ from acer_torchrl.objectives.common import (
     sequence_mask,
     trace_cut,
 )
+from acer_torchrl.objectives.updaters import FusedSoftUpdate
 from acer_torchrl.replay import MASK_KEY
 from acer_torchrl.settings.acer import DEFAULT_PRESET, PRESETS, ACERConfig
 
@@ -102,7 +102,7 @@ class ACERLoss(ReplayLoss):
         actor_network: ``observation`` (+ ``is_init`` and recurrent state) -> the policy statistics
             (``"logits"``; or ``"loc"`` and ``"scale"``) and the torso features the critic reads. The
             average policy network is a copy of its parameters (``target_actor_network_params``),
-            updated by ``SoftUpdate(loss, eps=alpha)`` after each step when ``trust_region``.
+            updated by ``FusedSoftUpdate(loss, eps=alpha)`` after each step when ``trust_region``.
         critic_network: reads the actor's output and writes ``"action_value"`` ``[.., A]`` (discrete)
             or ``"state_value"`` ``[.., 1]`` (continuous).
         advantage_network: continuous only: ``A(core, action) -> [.., 1]`` of the SDN (eq. 13).
@@ -442,7 +442,7 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         seq_len=cfg.replay.seq_len,
         hidden_keys=torso.hidden_keys,
     )
-    updaters = [SoftUpdate(loss, eps=a.alpha)] if a.trust_region else []
+    updaters = [FusedSoftUpdate(loss, eps=a.alpha)] if a.trust_region else []
     return Agent(loss=loss, policy=acting_policy(torso, policy_head, info), torsos=[torso], updaters=updaters)
 
 

@@ -43,7 +43,6 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictParams, TensorDictSequential
 from tensordict.utils import NestedKey
 from torch import nn
-from torchrl.objectives import HardUpdate
 
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm
@@ -51,6 +50,7 @@ from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
 from acer_torchrl.modules import BEHAVIOUR, FrameEncoder, MinAtarCNN, Torso, acting_policy, make_torso
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask, trace_cut
+from acer_torchrl.objectives.updaters import FusedHardUpdate
 from acer_torchrl.objectives.functional import retrace
 from acer_torchrl.settings.reactor import DEFAULT_PRESET, PG_ESTIMATORS, PRESETS, ReactorConfig
 
@@ -276,7 +276,7 @@ class ReactorLoss(ReplayLoss):
         network: the learning network (see :class:`ReactorNetworks`), writing ``action_value``, ``logits``
             (log pi) and, when ``learned_behaviour``, ``mu_logits`` (log mu-hat).
         q_network: the Q branch of ``network`` (same modules); it is run with the target parameters
-            ``target_network_params`` (updated by :class:`~torchrl.objectives.HardUpdate`) to give Q_T.
+            ``target_network_params`` (updated by :class:`~acer_torchrl.objectives.updaters.FusedHardUpdate`) to give Q_T.
 
     Keyword Args:
         gamma: discount. lam: Retrace lambda (eq. 2).
@@ -499,12 +499,12 @@ class ReactorLoss(ReplayLoss):
 # ----------------------------------------------------------------------------------------------
 
 
-def target_updater(loss: ReactorLoss, period: int) -> HardUpdate:
+def target_updater(loss: ReactorLoss, period: int) -> FusedHardUpdate:
     """Copies the current parameters into the target ones every ``period`` learner steps (sec. 3.4).
 
     TorchRL's ``HardUpdate`` copies on the ``(interval + 1)``-th call of ``step()``, hence ``period - 1``.
     """
-    return HardUpdate(loss, value_network_update_interval=period - 1)
+    return FusedHardUpdate(loss, value_network_update_interval=period - 1)
 
 
 def build(cfg: Config, info: EnvInfo) -> Agent:

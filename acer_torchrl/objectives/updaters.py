@@ -1,0 +1,50 @@
+"""Target and average networks of the losses, updated with one fused ``torch._foreach_*`` call a step.
+
+TorchRL's ``SoftUpdate`` / ``HardUpdate`` find a loss's ``target_*_params`` and pair them with their sources
+(kept here), but every ``step()`` walks both TensorDicts key by key: a few milliseconds a learner step on
+two CPU cores, more than the forward pass of a small network (ACER CartPole, benchmarks/results/learner.md),
+and HardUpdate does that walk on every step, not only when it copies. These subclasses take the tensors
+out once, at their first step (after the trainer moved the loss to its device), and update them together.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchrl.objectives import HardUpdate, SoftUpdate
+
+
+class _FusedPairs:
+    """The (source, target) tensor lists of a TorchRL target updater, in matching order."""
+
+    def _pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        pairs = self.__dict__.get("_pairs_val")
+        if pairs is None:
+            keys = [key if isinstance(key, tuple) else (key,) for key in self._sources.keys(True, True)]
+            sources = [self._sources.get(key).data for key in keys]
+            targets = [self._targets.get(("target_" + key[0], *key[1:])).data for key in keys]  # TorchRL's pairing
+            pairs = self.__dict__["_pairs_val"] = (sources, targets)
+        return pairs
+
+
+class FusedSoftUpdate(_FusedPairs, SoftUpdate):
+    """``theta_target <- eps theta_target + (1 - eps) theta`` for all parameters in one ``_foreach_lerp_``
+    (ACER's average policy network, Wang et al. 2017 sec. 3.3, with ``eps = alpha``)."""
+
+    @torch.no_grad()
+    def step(self) -> None:
+        sources, targets = self._pairs()
+        torch._foreach_lerp_(targets, sources, 1.0 - self.eps)
+
+
+class FusedHardUpdate(_FusedPairs, HardUpdate):
+    """TorchRL's ``HardUpdate`` schedule (a copy on every ``(value_network_update_interval + 1)``-th step,
+    ``counter`` kept for checkpoints), the copy in one ``_foreach_copy_``."""
+
+    @torch.no_grad()
+    def step(self) -> None:
+        if self.counter == self.value_network_update_interval:
+            sources, targets = self._pairs()
+            torch._foreach_copy_(targets, sources)
+            self.counter = 0
+        else:
+            self.counter += 1
