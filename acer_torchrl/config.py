@@ -51,10 +51,10 @@ class ReplayConfig:
 @allowed(lr="(0, inf)", eps="(0, inf)", max_grad_norm="(0, inf]", weight_decay="[0, inf)", lr_end_factor="[0, 1]")
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3
-    eps: float = 1e-5
-    max_grad_norm: float = 40.0
-    weight_decay: float = 0.0
+    lr: float = 1e-3  # Adam step size
+    eps: float = 1e-5  # Adam epsilon
+    max_grad_norm: float = 40.0  # gradient-norm clipping (inf: none)
+    weight_decay: float = 0.0  # Adam L2 weight decay
     # linear step-size decay over the run: lr x (1 - (1 - lr_end_factor) x env_steps / total_frames);
     # 1.0 keeps it constant (a constant step never settles near an optimum: Robbins-Monro wants it to shrink)
     lr_end_factor: float = 1.0
@@ -64,9 +64,9 @@ class OptimConfig:
 @dataclass
 class NetworkConfig:
     hidden: list[int] = field(default_factory=lambda: [128, 128])  # MLP encoder widths
-    activation: str = "relu"  # relu | tanh | elu
+    activation: str = "relu"  # the encoder's nonlinearity
     lstm: bool = False  # add an LSTM core after the encoder
-    lstm_hidden: int = 128
+    lstm_hidden: int = 128  # LSTM state width (network.lstm=true)
 
 
 @allowed(interval="[1, inf)", episodes="[1, inf)", max_steps="[1, inf)")
@@ -81,7 +81,7 @@ class EvalConfig:
 @dataclass
 class LogConfig:
     progress: bool = True  # tqdm progress bar
-    tensorboard: bool = False
+    tensorboard: bool = False  # also write TensorBoard events (needs the [tensorboard] extra)
     checkpoint_interval: int = 10_000  # env steps between checkpoints (also written at the end)
 
     def validate(self, cfg: Config) -> None:
@@ -94,17 +94,17 @@ class LogConfig:
 @allowed(seed="[0, 1e9]", total_frames="[1, inf)", gamma="(0, 1]", threads="[0, 1024]")
 @dataclass
 class Config:
-    loss: str = "acer"
-    preset: str | None = None
-    seed: int = 0
+    loss: str = "acer"  # the algorithm: one of the registry (acer_torchrl/algorithms.py)
+    preset: str | None = None  # the algorithm's named override set, applied before the other keys
+    seed: int = 0  # seeds torch, numpy, the replay's sampler and (offset per worker) the envs
     total_frames: int = 50_000  # env steps
-    gamma: float = 0.99
-    device: str = "auto"  # learner device: auto | cpu | cuda
+    gamma: float = 0.99  # discount
+    device: str = "auto"  # learner device: auto | cpu | cuda | cuda:<index> (acting stays on CPU)
     # the learner's torch intra-op threads; 0: the cores the collector workers leave free (at least 1).
     # More threads than free cores make every op wait for a core (~0.5 ms each, measured).
     threads: int = 0
-    run_dir: str | None = None
-    resume: str | None = None
+    run_dir: str | None = None  # where the run writes (None: runs/<loss>-<env>-s<seed>-<time>)
+    resume: str | None = None  # a run directory to continue from its latest checkpoint
     overwrite: bool = False  # run_dir= may hold a finished run (summary.json, checkpoint): replace its files
     env: EnvConfig = field(default_factory=EnvConfig)
     collector: CollectorConfig = field(default_factory=CollectorConfig)

@@ -21,7 +21,7 @@ class ACERConfig:
     trust_region: bool = True  # efficient trust region (sec. 3.3); false: truncation + bias correction only
     delta: float = 1.0  # trust-region constraint (eq. 11)
     alpha: float = 0.99  # average policy network decay: theta_a <- alpha theta_a + (1 - alpha) theta
-    entropy_coef: float = 0.001
+    entropy_coef: float = 0.001  # weight of the entropy bonus (sec. 4: 0.001)
     critic_coef: float = 1.0  # weight of 1/2 (Q^ret - Q)^2 (eq. 6) [+ 1/2 (V^target - V)^2, eq. 14]
     sdn_samples: int = 5  # n of eq. 13 (continuous)
     sdn_hidden: list[int] = field(default_factory=lambda: [64])  # the SDN's advantage network A(x, a)
