@@ -41,6 +41,8 @@ from torchrl.collectors import Collector, MultiAsyncCollector
 from torchrl.envs import EnvBase
 from torchrl.weight_update import SharedMemWeightSyncScheme
 
+from acer_torchrl._torchrl_compat import weight_sync_schemes
+
 WORKER_SEED_STRIDE = 1_000  # worker i's seeds start at seed + WORKER_SEED_STRIDE * i
 
 _OPEN_COLLECTORS: weakref.WeakSet = weakref.WeakSet()
@@ -65,7 +67,7 @@ class _ClosingCollector:
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
         _OPEN_COLLECTORS.discard(self)
         try:
-            for scheme in (getattr(self, "_weight_sync_schemes", None) or {}).values():
+            for scheme in weight_sync_schemes(self).values():
                 scheme.shutdown()
         finally:
             super().shutdown(timeout=timeout, close_env=close_env, raise_on_error=raise_on_error)
@@ -92,7 +94,7 @@ class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
     """
 
     @property
-    def _queue_len(self) -> int:
+    def _queue_len(self) -> int:  # a private TorchRL hook: acer_torchrl/_torchrl_compat.py, use 3
         return self.num_workers
 
 

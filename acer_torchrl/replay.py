@@ -37,6 +37,7 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Storage, TensorDictReplayBuffer
 
+from acer_torchrl._torchrl_compat import set_write_position, stored_tensordict
 from acer_torchrl.validation import ConfigError
 
 TRAJ_KEY = ("collector", "traj_ids")
@@ -259,7 +260,7 @@ class EpisodeReplay:
         if keys is None:
             data = self.buffer.storage.get(flat_idx)
         else:
-            data = self.buffer.storage._storage.select(*keys, strict=False)[flat_idx]
+            data = stored_tensordict(self.buffer.storage).select(*keys, strict=False)[flat_idx]
         for key in rebuilt:
             data.set(("next", key), self._next_value(key, flat_idx))
         return data
@@ -268,12 +269,12 @@ class EpisodeReplay:
         """``("next", key)`` at stored steps: the successor's ``key``, or the chunk end's own copy."""
         successor = self.next[flat_idx]
         has_successor = successor >= 0
-        values = self.buffer.storage._storage.get(key)[torch.where(has_successor, successor, flat_idx)]
+        values = stored_tensordict(self.buffer.storage).get(key)[torch.where(has_successor, successor, flat_idx)]
         if not bool(has_successor.all()):
             entry = self.end_entry[flat_idx[~has_successor]]
             if bool((entry < 0).any()):
                 raise RuntimeError("replay: a step with neither a successor nor a stored next observation")
-            values[~has_successor] = self.episode_ends._storage.get(("next", key))[entry]
+            values[~has_successor] = stored_tensordict(self.episode_ends).get(("next", key))[entry]
         return values
 
     def sample_sequences(self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
@@ -304,13 +305,13 @@ class EpisodeReplay:
 
     def update(self, slots: torch.Tensor, values: TensorDictBase) -> None:
         """Write ``values`` (some keys only) into the stored steps at ``slots`` (V-RACER's write-back)."""
-        stored = self.buffer.storage._storage  # the storage's TensorDict; the public API writes whole steps
+        stored = stored_tensordict(self.buffer.storage)  # the public API writes whole steps
         for key, value in values.items(include_nested=True, leaves_only=True):
             stored.get(key)[slots] = value.to(stored.get(key).dtype)
 
     def column(self, key, alive_only: bool = True) -> torch.Tensor:
         """One stored key over the replay (for statistics over the whole replay, e.g. ReF-ER's far share)."""
-        values = self.buffer.storage._storage.get(key)[: min(self.steps_written, self.capacity)]
+        values = stored_tensordict(self.buffer.storage).get(key)[: min(self.steps_written, self.capacity)]
         if alive_only:
             values = values[self.alive[: values.shape[0]]]
         return values
@@ -397,7 +398,7 @@ class EpisodeReplay:
         counters = json.loads((path / "counters.json").read_text())
         self.episodes_started = counters["episodes_started"]
         self.steps_written = counters["steps_written"]
-        self.buffer.writer.load_state_dict({"_cursor": self.steps_written % self.capacity, "_write_count": self.steps_written})
+        set_write_position(self.buffer.writer, self.steps_written % self.capacity, self.steps_written)
         self.end_entries_written = counters.get("end_entries_written", 0)
         self.steps_missing = counters.get("steps_missing", 0)
         keys = counters.get("successor_keys", () if self.steps_written else None)
@@ -410,7 +411,7 @@ class EpisodeReplay:
 
 def save_rows(storage: Storage, rows: int, prefix: Path) -> None:
     """The first ``rows`` entries of a TorchRL storage as a memory-mapped TensorDict (raw tensor files and JSON)."""
-    storage._storage[:rows].memmap(prefix, copy_existing=True)
+    stored_tensordict(storage)[:rows].memmap(prefix, copy_existing=True)
 
 
 def load_rows(storage: Storage, prefix: Path) -> None:

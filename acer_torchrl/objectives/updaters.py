@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torchrl.objectives import HardUpdate, SoftUpdate
 
+from acer_torchrl._torchrl_compat import target_updater_params
+
 
 class _FusedPairs:
     """The (source, target) tensor lists of a TorchRL target updater, in matching order."""
@@ -19,9 +21,10 @@ class _FusedPairs:
     def _pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         pairs = self.__dict__.get("_pairs_val")
         if pairs is None:
-            keys = [key if isinstance(key, tuple) else (key,) for key in self._sources.keys(True, True)]
-            sources = [self._sources.get(key).data for key in keys]
-            targets = [self._targets.get(("target_" + key[0], *key[1:])).data for key in keys]  # TorchRL's pairing
+            params, target_params = target_updater_params(self)
+            keys = [key if isinstance(key, tuple) else (key,) for key in params.keys(True, True)]
+            sources = [params.get(key).data for key in keys]
+            targets = [target_params.get(("target_" + key[0], *key[1:])).data for key in keys]  # TorchRL's pairing
             pairs = self.__dict__["_pairs_val"] = (sources, targets)
         return pairs
 
