@@ -51,11 +51,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 # (algo, preset, overrides, env steps of the end-to-end run)
 PRESETS = {
     "acer:cartpole": ("acer", "cartpole", [], 50_000),  # the whole default recipe (`make train`)
-    "acer:pendulum": ("acer", "pendulum", [], 30_000),
-    "laser:cartpole": ("laser", "cartpole", [], 30_000),
-    "reactor:cartpole": ("reactor", "cartpole", [], 30_000),
-    "reactor:cartpole_pomdp": ("reactor", "cartpole_pomdp", [], 30_000),
-    "vracer:mujoco": ("vracer", "mujoco", ["env.name=Hopper-v5"], 20_000),
+    "acer:pendulum": ("acer", "pendulum", [], 20_000),
+    "laser:cartpole": ("laser", "cartpole", [], 20_000),
+    "reactor:cartpole": ("reactor", "cartpole", [], 20_000),
+    "reactor:cartpole_pomdp": ("reactor", "cartpole_pomdp", [], 10_000),
+    "vracer:mujoco": ("vracer", "mujoco", ["env.name=Hopper-v5"], 20_000),  # learns after its 10 000-step warm-up
+    # the MinAtar presets too learn after replay.min_size = 10 000 steps
     "acer:minatar": ("acer", "minatar", [], 30_000),
     "laser:minatar": ("laser", "minatar", [], 30_000),
     "reactor:minatar": ("reactor", "minatar", [], 30_000),
