@@ -84,9 +84,9 @@ class SharedReplay:
         with self.lock:
             return len(self.replay)
 
-    def sample_sequences(self, batch_size: int, seq_len: int) -> TensorDictBase:
+    def sample_sequences(self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
         with self.lock:
-            return self.replay.sample_sequences(batch_size, seq_len)
+            return self.replay.sample_sequences(batch_size, seq_len, keys)
 
     def sample_steps(self, batch_size: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
         with self.lock:
@@ -192,11 +192,16 @@ class AgentReplay:
         self.sampled += torch.bincount(ids[real].reshape(-1), minlength=self.sampled.numel())
         return sample
 
-    def sample_sequences(self, batch_size: int, seq_len: int) -> TensorDictBase:
-        return self._count(self.shared.sample_sequences(batch_size, seq_len))
+    def sample_sequences(self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
+        return self._count(self.shared.sample_sequences(batch_size, seq_len, self._with_agent(keys)))
 
     def sample_steps(self, batch_size: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
-        return self._count(self.shared.sample_steps(batch_size, keys if keys is None else [*keys, AGENT_KEY]))
+        return self._count(self.shared.sample_steps(batch_size, self._with_agent(keys)))
+
+    @staticmethod
+    def _with_agent(keys: list[NestedKey] | None) -> list[NestedKey] | None:
+        """``keys`` and the collecting agent's id (counted per sample), or None (every key)."""
+        return keys if keys is None else [*keys, AGENT_KEY]
 
     def refresh_recurrent_state(
         self, sample: TensorDictBase, unroll: TensorDictModuleBase, hidden_keys: list[str]

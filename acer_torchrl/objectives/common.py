@@ -32,6 +32,12 @@ class ReplayLoss(LossModule):
     seq_len: int = 1
     value_keys: tuple[str, ...] = ()
 
+    @property
+    def in_keys(self) -> list[NestedKey] | None:
+        """The batch entries ``forward`` reads: replayed batches gather only these from the storage (each
+        stored key costs time to index). None: every stored entry."""
+        return None
+
     def update_plan(self, rng: np.random.Generator) -> list[float]:
         """Gradient steps to take after one collected batch, each given as its share of online data
         (1.0: the freshest collected windows only, as ACER's on-policy update; 0.0: replay only)."""
