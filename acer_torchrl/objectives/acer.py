@@ -16,8 +16,9 @@ Efficient trust region (sec. 3.3): the policy gradient is taken w.r.t. the distr
 ``phi`` (logits; loc, and scale when it is learned), projected with eq. 12 against
 ``k = grad_phi KL(f(.|phi_avg) || f(.|phi))`` of an average policy network
 ``theta_a <- alpha theta_a + (1 - alpha) theta`` (TorchRL's ``SoftUpdate`` pairing, fused: :class:`~acer_torchrl.objectives.updaters.FusedSoftUpdate`),
-and back-propagated into theta through phi only. In TorchRL terms this is a surrogate loss: ``g`` is
-computed by autograd w.r.t. a detached copy of ``phi`` (exact, per step), projected to ``z*``, and
+and back-propagated into theta through phi only. In TorchRL terms this is a surrogate loss: ``g`` (and
+``k``) is computed in closed form for logits (``d log f(a) / d phi = onehot(a) - f``, ``k = f - f_avg``) and by
+autograd w.r.t. a detached copy of the Gaussian's ``phi`` (exact, per step), projected to ``z*``, and
 ``loss_policy = -mean_t (z*_t.detach() . phi_t)`` so that ``d loss / d theta = -mean_t z*_t dphi_t/dtheta``
 (Alg. 2: ``dtheta += dphi/dtheta z*``). The critic's gradient is not projected.
 
@@ -37,7 +38,8 @@ Deviations from the paper, and why:
   next observation evaluated by the current network, as in Alg. 2-3's ``Q^ret <- V(x_k)``; with an
   LSTM that evaluation starts from the state the learning network's own unroll reached after that row
   (from the sequence's refreshed start state), not from the one stored at acting time
-  (:func:`~acer_torchrl.objectives.common.next_state_values`, shared with LASER).
+  (:func:`~acer_torchrl.objectives.common.next_state_values`, shared with LASER). Feed-forward, that
+  evaluation rides in the same forward pass as the batch (:func:`~acer_torchrl.objectives.common.evaluate_with_next_steps`).
 """
 
 from __future__ import annotations
@@ -68,11 +70,12 @@ from acer_torchrl.objectives import functional
 from acer_torchrl.objectives.common import (
     ReplayLoss,
     close_segments_at_padding,
+    evaluate_with_next_steps,
     masked_mean,
-    next_state_values,
     observation_keys,
     poisson_plan,
     sequence_mask,
+    shift_in_bootstraps,
     trace_cut,
 )
 from acer_torchrl.objectives.updaters import FusedSoftUpdate
@@ -240,6 +243,13 @@ class ACERLoss(ReplayLoss):
             return torch.distributions.Categorical(logits=stats[0])
         return IndependentNormal(*stats)
 
+    def _entropy(self, stats: list[torch.Tensor]) -> torch.Tensor:
+        """The policy's entropy per step, ``[.., 1]`` (discrete: from the logits, no distribution object)."""
+        if self.discrete:
+            log_pi = stats[0].log_softmax(-1)
+            return -(log_pi.exp() * log_pi).sum(-1, keepdim=True)
+        return self._distribution(stats).entropy().unsqueeze(-1)
+
     def _state_value(self, out: TensorDictBase) -> torch.Tensor:
         """``V(x)``: ``sum_a pi(a|x) Q(x, a)`` (discrete, sec. 3.1) or the SDN's V head (continuous)."""
         if self.discrete:
@@ -247,54 +257,58 @@ class ACERLoss(ReplayLoss):
             return (pi * out.get(self.tensor_keys.action_value)).sum(-1, keepdim=True)
         return out.get(self.tensor_keys.state_value)
 
-    def _next_state_value(
-        self, td: TensorDictBase, out: TensorDictBase, value: torch.Tensor, bootstrap: torch.Tensor
-    ) -> torch.Tensor:
-        """``V(x_{t+1})`` for every row: row ``t+1``'s value inside an episode, and the current network on
-        the stored ``("next", "observation")`` where row ``t`` ``bootstrap``s (window end, last real step
-        before padding, truncation), as Alg. 2-3's ``Q^ret <- V(x_k)``; with an LSTM from the state ``out``
-        (the unroll) reached after row ``t`` (:func:`~acer_torchrl.objectives.common.next_state_values`)."""
-        return next_state_values(
-            td, out, value, bootstrap, self.actor_network.in_keys, self.hidden_keys,
-            lambda step: self._state_value(self._evaluate(step)),
-        )
-
     # ------------------------------------------------------------------ trust region (sec. 3.3)
+    def _trained_phi(self, stats: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Detached copies of the statistics (the distribution's arguments) and, among them, the leaves
+        that are phi: only the statistics that depend on theta (a fixed Gaussian std does not, sec. 5.2)."""
+        leaves = [s.detach().requires_grad_(s.requires_grad) for s in stats]
+        return leaves, [leaf for leaf in leaves if leaf.requires_grad]
+
+    def _phi_gradient(self, stats: list[torch.Tensor], objective) -> torch.Tensor:
+        """``g_t``: autograd of ``objective(dist)`` (the sum over steps of a per-step policy objective, all
+        coefficients detached) w.r.t. a detached copy of phi: exact per step, since steps do not interact."""
+        leaves, phi = self._trained_phi(stats)
+        with torch.enable_grad():
+            return torch.cat(torch.autograd.grad(objective(self._distribution(leaves)), phi), -1)
+
+    def _kl_gradient(self, stats: list[torch.Tensor], average_stats: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``k_t = grad_phi KL(f(.|phi_avg,t) || f(.|phi_t))`` (eq. 12) and the KL itself, ``[.., 1]``.
+
+        Discrete, in closed form: with phi the logits, ``k = pi - pi_avg``. Continuous: autograd.
+        """
+        if self.discrete:
+            log_pi, log_avg = stats[0].detach().log_softmax(-1), average_stats[0].log_softmax(-1)
+            avg = log_avg.exp()
+            return log_pi.exp() - avg, (avg * (log_avg - log_pi)).sum(-1, keepdim=True)
+        leaves, phi = self._trained_phi(stats)
+        with torch.enable_grad():
+            kl = torch.distributions.kl_divergence(self._distribution(average_stats), self._distribution(leaves))
+            k = torch.cat(torch.autograd.grad(kl.sum(), phi), -1)
+        return k, kl.detach().unsqueeze(-1)
+
     def _policy_surrogate(
         self,
         stats: list[torch.Tensor],
-        objective,
+        g: torch.Tensor,
         average_stats: list[torch.Tensor] | None,
         mask: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The phi-surrogate of the (projected) policy gradient.
 
-        ``objective(dist)`` sums the per-step policy objective whose gradient w.r.t. ``phi_t`` is eq. 10
-        (discrete) or eq. 16 (continuous), with every coefficient detached. ``g_t`` is that gradient
-        (autograd on a detached copy of phi: per step, since steps do not interact), projected to
-        ``z*_t`` by eq. 12 against ``k_t = grad_phi KL(f(.|phi_avg,t) || f(.|phi_t))``, and returned as
-        ``-mean_t z*_t . phi_t`` whose gradient carries ``z*`` into theta. Only the statistics that
-        depend on theta are phi (a fixed Gaussian std is not, sec. 5.2).
+        ``g`` is the gradient of the per-step policy objective w.r.t. ``phi_t`` (eq. 10 discrete, eq. 16
+        continuous), projected to ``z*_t`` by eq. 12 against ``k_t`` (:meth:`_kl_gradient`), and returned as
+        ``-mean_t z*_t . phi_t`` whose gradient carries ``z*`` into theta.
         """
-        trained = [s.requires_grad for s in stats]
-        leaves = [s.detach().requires_grad_(t) for s, t in zip(stats, trained)]
-        phi_leaves = [leaf for leaf, t in zip(leaves, trained) if t]
         diagnostics = {}
-        with torch.enable_grad():
-            dist = self._distribution(leaves)
-            g = torch.autograd.grad(objective(dist), phi_leaves, retain_graph=average_stats is not None)
-            g = torch.cat(g, -1)
-            if average_stats is not None:
-                kl = torch.distributions.kl_divergence(self._distribution(average_stats), dist).unsqueeze(-1)
-                k = torch.cat(torch.autograd.grad(kl.sum(), phi_leaves), -1)
         if average_stats is not None:
+            k, kl = self._kl_gradient(stats, average_stats)
             z = functional.acer_trust_region(g, k, self.delta)  # eq. 12
-            diagnostics["kl_average"] = masked_mean(kl.detach(), mask)
+            diagnostics["kl_average"] = masked_mean(kl, mask)
             active = (k * g).sum(-1, keepdim=True) > self.delta
             diagnostics["trust_region_active"] = masked_mean(active.float(), mask)
         else:
             z = g
-        phi = torch.cat([s for s, t in zip(stats, trained) if t], -1)
+        phi = torch.cat([s for s in stats if s.requires_grad], -1)
         return -masked_mean((z.detach() * phi).sum(-1, keepdim=True), mask), diagnostics
 
     # ------------------------------------------------------------------ forward
@@ -308,7 +322,13 @@ class ACERLoss(ReplayLoss):
         done = trace_cut(td.get(("next", keys.done)).bool(), mask)
         # with an LSTM the unroll's segments end at the last real step: its state there is the bootstrap's
         inputs = close_segments_at_padding(td, mask) if self.hidden_keys else td
-        out = self._evaluate(inputs)
+        # V(x_{t+1}) where row t+1 is not x_{t+1} (window end, last real step before padding, truncation):
+        # the current network on the stored next observation, as Alg. 2-3's Q^ret <- V(x_k); with an LSTM from
+        # the state the unroll reached after row t (common.next_state_values)
+        bootstrap = mask & done & ~terminated
+        out, next_out = evaluate_with_next_steps(
+            self._evaluate, td, inputs, bootstrap, self.actor_network.in_keys, self.hidden_keys
+        )
         stats = [out.get(key) for key in self._stat_keys]
         average_stats = None
         if self.trust_region:
@@ -316,11 +336,13 @@ class ACERLoss(ReplayLoss):
                 average = self.actor_network(inputs.select(*self.actor_network.in_keys, strict=False))
             average_stats = [average.get(key) for key in self._stat_keys]
         value = self._state_value(out)
-        next_value = self._next_state_value(td, out, value.detach(), mask & done & ~terminated)
+        next_value = shift_in_bootstraps(
+            value.detach(), bootstrap, None if next_out is None else self._state_value(next_out).detach()
+        )
         terms = self._discrete if self.discrete else self._continuous
-        objective, critic, rho, q_ret = terms(td, out, stats, value, next_value, reward, terminated, done, mask)
-        loss_policy, diagnostics = self._policy_surrogate(stats, objective, average_stats, mask)
-        entropy = masked_mean(self._distribution(stats).entropy().unsqueeze(-1), mask)
+        g, critic, rho, q_ret = terms(td, out, stats, value, next_value, reward, terminated, done, mask)
+        loss_policy, diagnostics = self._policy_surrogate(stats, g, average_stats, mask)
+        entropy = masked_mean(self._entropy(stats), mask)
         return TensorDict(
             {
                 "loss_policy": loss_policy,
@@ -343,6 +365,7 @@ class ACERLoss(ReplayLoss):
         q = out.get(keys.action_value)
         with torch.no_grad():
             log_pi = stats[0].log_softmax(-1)
+            pi = log_pi.exp()
             log_rho_all = log_pi - td.get(keys.behaviour_logits).log_softmax(-1)  # log pi(a)/mu(a), all a
             rho = log_rho_all.gather(-1, action).exp()
             q_all, v = q.detach(), value.detach()
@@ -352,16 +375,15 @@ class ACERLoss(ReplayLoss):
             )
             rho_bar = rho.clamp_max(self.c)
             # eq. 9 bias correction over all actions: pi(a) [1 - c / rho(a)]_+ (Q(x, a) - V(x))
-            correction = log_pi.exp() * (1.0 - self.c * torch.exp(-log_rho_all)).clamp_min(0.0) * (q_all - v)
+            correction = pi * (1.0 - self.c * torch.exp(-log_rho_all)).clamp_min(0.0) * (q_all - v)
             advantage = rho_bar * (q_ret - v)
-
-        def objective(dist: torch.distributions.Categorical) -> torch.Tensor:
-            # sum_t of eq. 10's objective: its gradient w.r.t. phi_t (logits) is g_t of eq. 10
-            log_f = dist.logits  # normalised log-probabilities
-            return (advantage * log_f.gather(-1, action)).sum() + (correction * log_f).sum()
+            # g_t of eq. 10 w.r.t. the logits, in closed form: the gradient of advantage * log f(a_t) +
+            # sum_a correction(a) log f(a), with d log f(a) / d logits = onehot(a) - f
+            g = advantage * (torch.zeros_like(pi).scatter_(-1, action, 1.0) - pi)
+            g = g + correction - pi * correction.sum(-1, keepdim=True)
 
         critic = masked_mean(0.5 * (q_ret - q.gather(-1, action)).pow(2), mask)  # eq. 6
-        return objective, critic, rho, q_ret
+        return g, critic, rho, q_ret
 
     def _continuous(self, td, out, stats, value, next_value, reward, terminated, done, mask):
         """Continuous ACER with a stochastic dueling network (sec. 5, Alg. 3)."""
@@ -400,9 +422,11 @@ class ACERLoss(ReplayLoss):
                 correction.squeeze(-1) * dist.log_prob(sampled)
             ).sum()
 
+        g = self._phi_gradient(stats, objective)
+
         # Alg. 3: (Q^ret - Q~) grad Q~ + min(1, rho) (Q^ret - Q~) grad V  =  grads of these two squares
         critic = masked_mean(0.5 * (q_ret - q_tilde).pow(2) + 0.5 * (v_target - value).pow(2), mask)
-        return objective, critic, rho, q_ret
+        return g, critic, rho, q_ret
 
 
 # ---------------------------------------------------------------------------------------------- build

@@ -108,6 +108,32 @@ def close_segments_at_padding(td: TensorDictBase, mask: torch.Tensor) -> TensorD
     return out
 
 
+def _next_step_inputs(
+    td: TensorDictBase,
+    unrolled: TensorDictBase | None,
+    rows: torch.Tensor,
+    in_keys: Sequence[NestedKey],
+    hidden_keys: Sequence[str],
+) -> TensorDictBase:
+    """The inputs of ``s_{t+1}`` at the steps ``rows`` (``[B, T]`` bool) as ``[N]`` single steps: the stored
+    ``("next", ...)`` observation and, when recurrent, the state ``unrolled`` reached after step ``t``."""
+    step = td.get("next")[rows].select(*observation_keys(in_keys, hidden_keys))
+    for key in hidden_keys:
+        step.set(key, unrolled.get(("next", key))[rows])
+    if hidden_keys:
+        step.set("is_init", torch.zeros(*step.shape, 1, dtype=torch.bool, device=step.device))
+    return step
+
+
+def shift_in_bootstraps(value: torch.Tensor, bootstrap: torch.Tensor, bootstrap_value: torch.Tensor | None) -> torch.Tensor:
+    """``V(s_{t+1})`` for every step, ``[B, T, 1]``: row ``t+1``'s ``value``, and ``bootstrap_value`` (``[N, 1]``,
+    in row-major order) at the ``bootstrap`` steps, where row ``t+1`` is not ``s_{t+1}``."""
+    next_value = torch.cat([value[..., 1:, :], value[..., -1:, :]], dim=-2)
+    if bootstrap_value is not None:
+        next_value[bootstrap.squeeze(-1)] = bootstrap_value
+    return next_value
+
+
 @torch.no_grad()
 def next_state_values(
     td: TensorDictBase,
@@ -130,15 +156,39 @@ def next_state_values(
     state is refreshed at its start (LASER App. A.2) and the unroll carries it on, while the stored next
     state belongs to the network that acted. (Reactor bootstraps inside its ``T + 1``-step unroll instead.)
     """
-    next_value = torch.cat([value[..., 1:, :], value[..., -1:, :]], dim=-2)
     rows = bootstrap.squeeze(-1)
     if not rows.any():
-        return next_value
-    step = td.get("next")[rows].select(*observation_keys(in_keys, hidden_keys))
-    for key in hidden_keys:
-        step.set(key, unrolled.get(("next", key))[rows])
-    if hidden_keys:
-        step.set("is_init", torch.zeros(*step.shape, 1, dtype=torch.bool, device=step.device))
+        return shift_in_bootstraps(value, bootstrap, None)
     with set_recurrent_mode(False):
-        next_value[rows] = evaluate(step)
-    return next_value
+        bootstrap_value = evaluate(_next_step_inputs(td, unrolled, rows, in_keys, hidden_keys))
+    return shift_in_bootstraps(value, bootstrap, bootstrap_value)
+
+
+def evaluate_with_next_steps(
+    evaluate: Callable[[TensorDictBase], TensorDictBase],
+    td: TensorDictBase,
+    inputs: TensorDictBase,
+    bootstrap: torch.Tensor,
+    in_keys: Sequence[NestedKey],
+    hidden_keys: Sequence[str],
+) -> tuple[TensorDictBase, TensorDictBase | None]:
+    """The network ``evaluate`` on every step of ``inputs`` (``[B, T]``) and on ``s_{t+1}`` of the
+    ``bootstrap`` steps of ``td`` (``[N]``, None when there are none), as :func:`next_state_values` defines it.
+
+    Feed-forward networks take both in one pass: the ``N`` stored next observations appended to the
+    ``B * T`` steps (one forward instead of two; the appended rows feed only detached targets, so the
+    gradient is the same). Recurrent ones unroll first and then take the ``N`` single steps without
+    gradient, from the state the unroll reached.
+    """
+    rows = bootstrap.squeeze(-1)
+    if hidden_keys or not rows.any():
+        out = evaluate(inputs)
+        if not rows.any():
+            return out, None
+        with torch.no_grad(), set_recurrent_mode(False):
+            return out, evaluate(_next_step_inputs(td, out, rows, in_keys, hidden_keys))
+    keys = observation_keys(in_keys, hidden_keys)
+    steps = inputs.select(*keys).reshape(-1)
+    out = evaluate(torch.cat([steps, _next_step_inputs(td, None, rows, in_keys, hidden_keys)], 0))
+    n = steps.shape[0]
+    return out[:n].reshape(inputs.shape), out[n:]
