@@ -20,9 +20,9 @@ import torch
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.envs.transforms import Transform
-from torchrl.modules import LSTMModule, ProbabilisticActor
+from torchrl.modules import LSTMModule
 from torchrl.modules.distributions import IndependentNormal
-from torchrl.envs.utils import ExplorationType
+from torchrl.envs.utils import ExplorationType, exploration_type
 
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
 
@@ -168,25 +168,50 @@ def policy_keys(info: EnvInfo) -> list[str]:
     return ["logits"] if info.discrete else ["loc", "scale"]
 
 
-def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> ProbabilisticActor:
-    """Stochastic acting policy: torso + ``policy_head`` writing behaviour statistics, then a sampler.
+class BehaviourSampler(nn.Module):
+    """The acting policy's last step: the action drawn from the behaviour statistics and its log-probability.
 
-    ``policy_head`` maps ``"core"`` to the statistics of :func:`policy_keys`. The sampled action's
-    log-probability goes to ``("behaviour", "log_prob")``. Under ``ExplorationType.DETERMINISTIC`` the
-    same module acts greedily (argmax / mean), which is what evaluation uses.
+    Categorical logits, or a diagonal Gaussian's ``loc`` and ``scale``. Under a greedy exploration type
+    (``ExplorationType.DETERMINISTIC``, ``MODE`` or ``MEAN``: what evaluation sets) the action is the argmax
+    / the mean; otherwise (``RANDOM``, or none set) a sample, drawn as ``Categorical.sample`` /
+    ``Normal.sample`` draw it. It stands in for ``ProbabilisticActor`` on the acting path, which rebuilds a
+    distribution object and its TensorDict plumbing at every env step: ~0.4 of the ~1 ms a CartPole policy
+    call costs per step (``benchmarks/results/learner.md``).
     """
-    names = policy_keys(info)
-    stats = TensorDictModule(policy_head, in_keys=["core"], out_keys=[(BEHAVIOUR, n) for n in names])
-    dist = torch.distributions.Categorical if info.discrete else IndependentNormal
-    return ProbabilisticActor(
-        TensorDictSequential(*torso.module, stats),
-        in_keys={n: (BEHAVIOUR, n) for n in names},
-        out_keys=["action"],
-        distribution_class=dist,
-        return_log_prob=True,
-        log_prob_key=(BEHAVIOUR, "log_prob"),
-        default_interaction_type=ExplorationType.RANDOM,
-    )
+
+    GREEDY = (ExplorationType.DETERMINISTIC, ExplorationType.MODE, ExplorationType.MEAN)
+
+    def __init__(self, discrete: bool):
+        super().__init__()
+        self.discrete = discrete
+
+    def forward(self, *stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        greedy = exploration_type() in self.GREEDY
+        if self.discrete:
+            log_p = stats[0].log_softmax(-1)
+            if greedy:
+                action = log_p.argmax(-1)
+            else:
+                flat = log_p.exp().reshape(-1, log_p.shape[-1])
+                action = torch.multinomial(flat, 1, True).reshape(log_p.shape[:-1])
+            return action, log_p.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        loc, scale = stats
+        action = loc if greedy else torch.normal(loc, scale)
+        return action, torch.distributions.Normal(loc, scale, validate_args=False).log_prob(action).sum(-1)
+
+
+def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> TensorDictSequential:
+    """Stochastic acting policy: torso + ``policy_head`` writing behaviour statistics, then a
+    :class:`BehaviourSampler` writing ``"action"`` and ``("behaviour", "log_prob")``.
+
+    ``policy_head`` maps ``"core"`` to the statistics of :func:`policy_keys`. Under
+    ``ExplorationType.DETERMINISTIC`` the same module acts greedily (argmax / mean), which is what
+    evaluation uses.
+    """
+    stat_keys = [(BEHAVIOUR, n) for n in policy_keys(info)]
+    stats = TensorDictModule(policy_head, in_keys=["core"], out_keys=stat_keys)
+    sampler = TensorDictModule(BehaviourSampler(info.discrete), in_keys=stat_keys, out_keys=["action", (BEHAVIOUR, "log_prob")])
+    return TensorDictSequential(*torso.module, stats, sampler)
 
 
 def policy_distribution(info: EnvInfo, stats: dict[str, torch.Tensor]) -> torch.distributions.Distribution:

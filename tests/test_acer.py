@@ -581,8 +581,9 @@ def test_lstm_bootstraps_from_the_unroll_state_not_the_stored_one():
 @pytest.mark.learning
 def test_cartpole_learns(tmp_path):
     """Discrete ACER, preset=cartpole (gamma 0.999), 25.6k env steps (~70 s on 2 quiet cores): the final score
-    (mean greedy return of 10 episodes at 90, 95 and 100 % of the run) is far above random (~22). Seed 0 of the
-    5-seed benchmark scored 337, 215, 234 at 20k-25k; the pilot seed 4 140-378 (results/cartpole-stability.md)."""
+    (mean greedy return of 10 episodes at 90, 95 and 100 % of the run) is far above random (~22). The 5-seed
+    benchmark of the preset (4 games a worker, results/learning.md: acer-cartpole-4envs) scored 212-478 at 22.5k-25k
+    (seed 0: 212, 283)."""
     from acer_torchrl.cli import run
 
     summary = run("acer", ["preset=cartpole", "total_frames=25600", "eval.interval=1000000",
