@@ -1,0 +1,52 @@
+"""The acting policy's sampler against torch's own distributions."""
+
+import pytest
+import torch
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from acer_torchrl.modules import BehaviourSampler
+
+
+def test_discrete_draws_are_categoricals_draws_with_their_log_prob():
+    logits = torch.randn(7, 5, 3)
+    torch.manual_seed(3)
+    action, log_prob = BehaviourSampler(discrete=True)(logits)
+    torch.manual_seed(3)
+    dist = torch.distributions.Categorical(logits=logits)
+    expected = dist.sample()
+    assert action.shape == (7, 5) and action.dtype == torch.long
+    torch.testing.assert_close(action, expected)
+    torch.testing.assert_close(log_prob, dist.log_prob(expected))
+
+
+def test_discrete_frequencies_follow_the_policy():
+    logits = torch.tensor([1.0, -0.5, 0.3]).expand(200_000, 3)
+    action, _ = BehaviourSampler(discrete=True)(logits)
+    freq = torch.bincount(action, minlength=3).double() / action.numel()
+    torch.testing.assert_close(freq, torch.softmax(logits[0].double(), -1), atol=5e-3, rtol=0)
+
+
+def test_gaussian_draws_are_normals_draws_with_their_log_prob():
+    loc, scale = torch.randn(6, 2), torch.rand(6, 2) + 0.1
+    torch.manual_seed(5)
+    action, log_prob = BehaviourSampler(discrete=False)(loc, scale)
+    torch.manual_seed(5)
+    dist = torch.distributions.Independent(torch.distributions.Normal(loc, scale), 1)
+    expected = dist.sample()
+    torch.testing.assert_close(action, expected)
+    torch.testing.assert_close(log_prob, dist.log_prob(expected))
+
+
+@pytest.mark.parametrize("kind", [ExplorationType.DETERMINISTIC, ExplorationType.MODE, ExplorationType.MEAN])
+def test_greedy_under_deterministic_exploration(kind):
+    logits = torch.randn(4, 3)
+    loc, scale = torch.randn(4, 2), torch.ones(4, 2)
+    with set_exploration_type(kind):
+        action, log_prob = BehaviourSampler(discrete=True)(logits)
+        mean, _ = BehaviourSampler(discrete=False)(loc, scale)
+    torch.testing.assert_close(action, logits.argmax(-1))
+    torch.testing.assert_close(log_prob, logits.log_softmax(-1).max(-1).values)
+    torch.testing.assert_close(mean, loc)
+    with set_exploration_type(ExplorationType.RANDOM):
+        draws = torch.stack([BehaviourSampler(discrete=False)(loc, scale)[0] for _ in range(3)])
+    assert not torch.allclose(draws[0], draws[1])  # random again outside the greedy context
