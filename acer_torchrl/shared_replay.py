@@ -354,10 +354,11 @@ def run_sweep(sweep: SweepConfig, overrides: list[str]) -> dict:
     trainers = [
         SweepAgentTrainer(cfg, AgentReplay(shared, i, len(cfgs), owner=i == 0)) for i, cfg in enumerate(cfgs)
     ]
-    eval_envs = [t.make_eval_env() for t in trainers]
     running = [i for i, t in enumerate(trainers) if t.cfg.total_frames > t.counters.env_steps]
     collectors = {}
     try:
+        for t in trainers:
+            t.evaluator = t.make_evaluator()
         for i in running:
             collectors[i] = trainers[i].make_collector(trainers[i].cfg.total_frames - trainers[i].counters.env_steps)
             trainers[i].start_clock()
@@ -365,13 +366,21 @@ def run_sweep(sweep: SweepConfig, overrides: list[str]) -> dict:
         while running:  # one round: every agent collects one batch and learns from the shared replay
             for i in list(running):
                 batch = next(iterators[i], None)
-                if batch is None or trainers[i].on_batch(batch, collectors[i], eval_envs[i]):
+                if batch is None or trainers[i].on_batch(batch, collectors[i]):
                     running.remove(i)
+        for i, c in collectors.items():
+            trainers[i].stop_clock()
+            c.shutdown()
+        collectors = {}
+        summaries = [t.finish() for t in trainers]
     finally:
         for i, c in collectors.items():
             trainers[i].stop_clock()
             c.shutdown()
-    summaries = [t.finish(env) for t, env in zip(trainers, eval_envs)]
+        for t in trainers:
+            if t.evaluator is not None:
+                t.evaluator.close()
+                t.evaluator = None
     return write_sweep_results(
         sweep, sweep_dir, cfgs, summaries, [t.log.rows for t in trainers],
         [t.replay.sampled.tolist() for t in trainers], shared.agent_counts(),

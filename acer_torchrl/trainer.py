@@ -17,13 +17,13 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import set_recurrent_mode
 from tqdm import tqdm
 
@@ -32,7 +32,8 @@ from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.collectors import make_collector
 from acer_torchrl.config import Config, dump_yaml, resume_changes
-from acer_torchrl.envs import EnvConfig, env_info, make_env, make_env_fn
+from acer_torchrl.envs import env_info, make_env_fn
+from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config
 from acer_torchrl.health import Health
 from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, plot_learning_curve
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows
@@ -82,33 +83,6 @@ def default_run_dir(cfg: Config) -> Path:
     return Path("runs") / f"{cfg.loss}-{cfg.env.name.replace('/', '_')}-s{cfg.seed}-{stamp}"
 
 
-def evaluation_env_config(env: EnvConfig, games: int = 1) -> EnvConfig:
-    """The env evaluations play: whole games (no episodic life), ``games`` of them side by side."""
-    return dataclasses.replace(env, num_envs=games, episodic_life=False)
-
-
-def evaluate(cfg: Config, policy, env) -> tuple[float, float]:
-    """Greedy (``ExplorationType.DETERMINISTIC``) returns of the ``eval.episodes`` games of ``env``
-    (:func:`evaluation_env_config`), played side by side, one policy call per step for all of them.
-
-    Each game's first episode counts, whole (all start together, so no game's length decides which
-    episodes are counted); a game that ended is reset and stepped on, its steps ignored, until the last one
-    ends or ``eval.max_steps`` steps pass (a game still running then counts its return so far).
-    """
-    games = max(env.batch_size.numel(), 1)
-    returns = torch.zeros(games, dtype=torch.float64)
-    finished = torch.zeros(games, dtype=torch.bool)
-    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
-        td = env.reset()
-        for _ in range(cfg.eval.max_steps):
-            step, td = env.step_and_maybe_reset(policy(td))
-            returns += step.get(("next", "reward")).reshape(games).double() * ~finished
-            finished |= step.get(("next", "done")).reshape(games)
-            if finished.all():
-                break
-    return float(returns.mean()), float(returns.std(unbiased=False))
-
-
 class Trainer:
     """Owns the run: agent, optimiser, replay, collector, counters and the run directory."""
 
@@ -138,6 +112,8 @@ class Trainer:
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard)
         self.health = Health(self.loss.value_keys)
+        self.evaluator: BackgroundEvaluator | InlineEvaluator | None = None  # while train() runs
+        self._awaiting: deque = deque()  # rows waiting for their evaluation: (env_steps, updates, wall_s, metrics)
         if cfg.resume:
             self._resume()
         else:
@@ -198,6 +174,10 @@ class Trainer:
             TensorDict.from_module(self.agent.policy).data.to("cpu").to_module(self.acting)
 
     def checkpoint(self) -> None:
+        """Save the run (weights, optimiser, replay, counters); evaluations still being played are waited
+        for first, so that ``metrics.csv`` holds every evaluation up to the checkpoint's step."""
+        if self.evaluator is not None:
+            self.wait_for_evaluations()
         self.counters.rng = self.rng.bit_generator.state
         self.counters.health = self.health.state()
         save_checkpoint(self.run_dir, self.state(), vars(self.counters), self.replay)
@@ -271,30 +251,71 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def train(self) -> dict:
         remaining = self.cfg.total_frames - self.counters.env_steps
-        eval_env = self.make_eval_env()
-        if remaining > 0:
-            self._collect_and_learn(remaining, eval_env)
-        return self.finish(eval_env)
+        self.evaluator = self.make_evaluator()
+        try:
+            if remaining > 0:
+                self._collect_and_learn(remaining)
+            return self.finish()
+        finally:
+            self.evaluator.close()
+            self.evaluator = None
 
-    def make_eval_env(self):
-        c = self.counters
-        return make_env(
-            evaluation_env_config(self.cfg.env, games=self.cfg.eval.episodes),
-            seed=self.cfg.seed + 10_000 + c.restarts,
+    def make_evaluator(self) -> BackgroundEvaluator | InlineEvaluator:
+        """Where this run's greedy evaluations are played (``eval.background``: a process beside the learner)."""
+        cfg, c = self.cfg, self.counters
+        env_fn = make_env_fn(
+            evaluation_env_config(cfg.env, games=cfg.eval.episodes),
+            seed=cfg.seed + 10_000 + c.restarts,
             extra_transforms=self.agent.env_transforms,
         )
+        kind = BackgroundEvaluator if cfg.eval.background else InlineEvaluator
+        return kind(self.acting, env_fn, cfg.eval.max_steps)
 
-    def finish(self, eval_env) -> dict:
+    def ask_evaluation(self, metrics: dict[str, float]) -> None:
+        """A greedy evaluation of the current acting policy; its row (``metrics`` and the evaluation's return)
+        is logged when the result is in (:meth:`log_evaluations`)."""
+        c = self.counters
+        self._awaiting.append((c.env_steps, c.updates, c.wall_time_s, metrics))
+        with self._named_on_bar(self.evaluator.blocking):
+            self.evaluator.submit(c.env_steps)
+
+    def wait_for_evaluations(self) -> None:
+        """Log every evaluation asked for, waiting for those still being played."""
+        with self._named_on_bar(bool(self._awaiting)):
+            self.log_evaluations(self.evaluator.drain())
+
+    @contextlib.contextmanager
+    def _named_on_bar(self, waiting: bool):
+        """The progress bar says an evaluation holds the learner up while it does: the one at 100 % (the final
+        score's last) comes after the bar is full and takes minutes on Atari."""
+        bar = getattr(self, "_bar", None)
+        if not waiting or bar is None:
+            yield
+            return
+        bar.set_description_str(f"greedy evaluation ({self.cfg.eval.episodes} episodes)")
+        try:
+            yield
+        finally:
+            bar.set_description_str("")
+
+    def log_evaluations(self, results) -> None:
+        """Log the rows of finished evaluations (in the order they were asked for)."""
+        for env_steps, mean, std in results:
+            steps, updates, wall, metrics = self._awaiting.popleft()
+            assert steps == env_steps, (steps, env_steps)
+            self.log.row(steps, updates, wall, {**metrics, "eval_return_mean": mean, "eval_return_std": std})
+
+    def finish(self) -> dict:
         """Final greedy evaluation (the periodic one when it fell on the last step), log row, checkpoint,
-        summary.json and learning curve; closes ``eval_env``."""
+        summary.json and learning curve."""
         cfg, c = self.cfg, self.counters
+        self.wait_for_evaluations()
         last = self.log.rows[-1] if self.log.rows else {}
         if last.get("env_steps") != c.env_steps or "eval_return_mean" not in last:
             if cfg.log.progress:
                 print(f"final greedy evaluation ({cfg.eval.episodes} episodes)...", flush=True)
-            mean, std = evaluate(cfg, self.acting, eval_env)
-            self.log.row(c.env_steps, c.updates, c.wall_time_s, {"eval_return_mean": mean, "eval_return_std": std})
-        eval_env.close()
+            self.ask_evaluation({})
+            self.wait_for_evaluations()
         self.checkpoint()
         steps, returns = self.log.series("eval_return_mean")
         score = final_score(list(zip(steps, returns)), c.env_steps)
@@ -324,13 +345,13 @@ class Trainer:
         plot_learning_curve(self.log, self.run_dir / "learning_curve.png", f"{cfg.loss} on {cfg.env.name}")
         return summary
 
-    def _collect_and_learn(self, remaining: int, eval_env) -> None:
+    def _collect_and_learn(self, remaining: int) -> None:
         collector = self.make_collector(remaining)
         self.start_clock()
         try:
             with self.stopping_on_signals():
                 for batch in collector:
-                    if self.on_batch(batch, collector, eval_env):
+                    if self.on_batch(batch, collector):
                         break
                     if self.stop_signal is not None:
                         self.checkpoint()
@@ -392,11 +413,12 @@ class Trainer:
         self._bar.close()
         self.counters.wall_time_s = time.perf_counter() - self._start
 
-    def on_batch(self, batch: TensorDictBase, collector, eval_env) -> bool:
+    def on_batch(self, batch: TensorDictBase, collector) -> bool:
         """One collected batch: store it, take the loss's planned updates, push the weights to ``collector``,
         evaluate / log / checkpoint when due. Returns True once ``total_frames`` steps were collected."""
         cfg, c = self.cfg, self.counters
         window, returns = self._window, self._returns
+        self.log_evaluations(self.evaluator.results())
         batch = self.loss.preprocess(batch)
         steps = batch.numel()
         c.env_steps += steps
@@ -421,7 +443,6 @@ class Trainer:
             metrics["train_return"] = float(np.mean(returns))
             self._bar.set_postfix(ret=f"{metrics['train_return']:.1f}", upd=c.updates)
         if c.env_steps >= c.next_eval or self._final_window_due(c.env_steps - steps, c.env_steps):
-            metrics["eval_return_mean"], metrics["eval_return_std"] = self.evaluate_on_bar(eval_env)
             c.next_eval += cfg.eval.interval * max(1, math.ceil((c.env_steps - c.next_eval + 1) / cfg.eval.interval))
             metrics["replay_steps"] = len(self.replay)
             # the replay's episode-length mix and the step size: what a late collapse is read against
@@ -429,7 +450,7 @@ class Trainer:
                 metrics["replay_mean_episode_steps"] = len(self.replay) / max(self.replay.num_episodes, 1)
             metrics["lr"] = self.optimizer.param_groups[0]["lr"]
             metrics["collector_dropped_steps"] = self.replay.steps_missing  # not in env_steps (see replay.py)
-            self.log.row(c.env_steps, c.updates, c.wall_time_s, metrics)
+            self.ask_evaluation(metrics)
             window.clear()
             returns.clear()
         if c.env_steps >= c.next_checkpoint:
@@ -437,16 +458,10 @@ class Trainer:
             c.next_checkpoint += cfg.log.checkpoint_interval * max(
                 1, math.ceil((c.env_steps - c.next_checkpoint + 1) / cfg.log.checkpoint_interval)
             )
-        return c.env_steps >= cfg.total_frames
-
-    def evaluate_on_bar(self, eval_env) -> tuple[float, float]:
-        """A greedy evaluation, named on the progress bar while it runs: the one at 100 % (the final score's
-        last) comes after the bar is full and takes minutes on Atari."""
-        self._bar.set_description_str(f"greedy evaluation ({self.cfg.eval.episodes} episodes)")
-        try:
-            return evaluate(self.cfg, self.acting, eval_env)
-        finally:
-            self._bar.set_description_str("")
+        if c.env_steps >= cfg.total_frames:
+            self.wait_for_evaluations()  # the last ones, while the progress bar still shows
+            return True
+        return False
 
     def _final_window_due(self, before: int, after: int) -> bool:
         """Whether this batch crossed one of the final-score window's evaluation points (90/95/100 %)."""

@@ -21,7 +21,7 @@ from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import load_checkpoint
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info, make_env
-from acer_torchrl.trainer import evaluation_env_config
+from acer_torchrl.evaluation import evaluation_env_config
 
 
 def episode_summary(rollout, obs_index: int | None) -> str:

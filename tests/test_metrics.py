@@ -11,7 +11,7 @@ from tensordict.nn import TensorDictModule
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import make_env
 from acer_torchrl.metrics import final_score, final_window_steps
-from acer_torchrl.trainer import evaluate, evaluation_env_config
+from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluate, evaluation_env_config
 
 
 def plain_final_score(curve, env_steps):
@@ -104,7 +104,7 @@ def test_evaluation_plays_each_games_first_episode(max_steps):
     cfg = load_config("acer", ["preset=cartpole", "eval.episodes=6", f"eval.max_steps={max_steps}"])
     policy = TensorDictModule(AngleOnly(), in_keys=["observation"], out_keys=["action"])
     env = make_env(evaluation_env_config(cfg.env, games=6), seed=40)
-    mean, std = evaluate(cfg, policy, env)
+    mean, std = evaluate(policy, env, cfg.eval.max_steps)
     alone = []
     for i in range(6):
         single = make_env(evaluation_env_config(cfg.env), seed=40 + i)
@@ -113,3 +113,58 @@ def test_evaluation_plays_each_games_first_episode(max_steps):
     assert len(set(alone)) > 1 or max_steps == 30  # the games differ: a mean over the wrong episodes would show
     assert mean == pytest.approx(np.mean(alone))
     assert std == pytest.approx(np.std(alone))
+
+
+class Lean(torch.nn.Module):
+    """A linear CartPole policy (greedy: the larger of two scores); its weights decide how well it plays."""
+
+    def __init__(self):
+        super().__init__()
+        self.score = torch.nn.Linear(4, 2)
+
+    def forward(self, observation):
+        return self.score(observation).argmax(-1)
+
+
+def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked_with():
+    """The evaluation process plays the same games from the same seed as the learner would, on a copy of the
+    weights taken when asked (the learner changes them right after), and returns results in order."""
+    from acer_torchrl.envs import make_env_fn
+
+    cfg = load_config("acer", ["preset=cartpole", "eval.episodes=4", "eval.max_steps=200"])
+    env_fn = make_env_fn(evaluation_env_config(cfg.env, games=4), seed=7)
+    policy = TensorDictModule(Lean(), in_keys=["observation"], out_keys=["action"])
+    weights = [torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]]), torch.zeros(2, 4), torch.randn(2, 4)]
+    inline, background = InlineEvaluator(policy, env_fn, 200), BackgroundEvaluator(policy, env_fn, 200)
+    try:
+        for step, w in enumerate(weights):
+            with torch.no_grad():
+                policy.module.score.weight.copy_(w)
+            inline.submit(step)
+            background.submit(step)
+        with torch.no_grad():
+            policy.module.score.weight.fill_(3.0)  # after asking: must not reach the evaluations asked before
+        expected = inline.results()
+        got = background.results() + background.drain()
+        assert [r[0] for r in got] == [0, 1, 2]
+        assert got == expected
+        assert len({r[1] for r in expected}) > 1  # the weights made a difference
+        assert background.drain() == [] and inline.drain() == []
+    finally:
+        inline.close()
+        background.close()
+
+
+def test_a_failing_evaluation_process_raises_on_the_learner():
+    from acer_torchrl.envs import make_env_fn
+
+    cfg = load_config("acer", ["preset=cartpole"])
+    env_fn = make_env_fn(evaluation_env_config(cfg.env, games=2), seed=0)
+    broken = TensorDictModule(torch.nn.Linear(3, 2), in_keys=["observation"], out_keys=["action"])  # 4 inputs
+    evaluator = BackgroundEvaluator(broken, env_fn, 10)
+    try:
+        evaluator.submit(0)
+        with pytest.raises(RuntimeError, match="evaluation process failed"):
+            evaluator.drain()
+    finally:
+        evaluator.close()
