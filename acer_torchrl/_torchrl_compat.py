@@ -47,14 +47,6 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
    (its ``target_<name>_params``), the target of source key ``(name, ...)`` under ``("target_" + name, ...)``
    (``TargetNetUpdater.init_``); ``objectives/updaters.py`` caches its own lists under ``_pairs_val``.
 
-6. ``SharedMemWeightSyncScheme._ack_queues``, through :func:`discard_acknowledgements`. Used by
-   ``collectors.py``: ``NonBlockingWeightSync.send`` (drop the workers' acknowledgements without waiting).
-   Why: with ``sync=True`` every ``update_policy_weights_()`` waits until each worker's receiver thread has
-   taken the GIL from its acting thread and copied the weights (~5-12 ms a call on two busy cores, once a
-   collected batch); with ``sync=False`` the workers still put one acknowledgement per update into a queue
-   that nobody reads. Upstream behaviour: TorchRL 0.14's receiver thread always calls ``_send_ack``; the
-   sender keeps one ``_ack_queues[worker]`` per worker and reads it only in ``_wait_for_ack``.
-
 Not TorchRL, noted for completeness: ``torch._foreach_lerp_`` / ``torch._foreach_copy_`` (the fused updates
 above) are underscore-named torch functions, stable in practice (``torch.optim`` uses them) but not
 documented API.
@@ -62,7 +54,6 @@ documented API.
 
 from __future__ import annotations
 
-import queue
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -92,13 +83,3 @@ def target_updater_params(updater: TargetNetUpdater) -> tuple[TensorDictBase, Te
     """``(sources, targets)``: the parameters a TorchRL target updater copies from and into (use 5 above);
     the target of source key ``(name, ...)`` is ``("target_" + name, ...)`` in ``targets``."""
     return updater._sources, updater._targets
-
-
-def discard_acknowledgements(scheme: Any) -> None:
-    """Drop the acknowledgements a ``SharedMemWeightSyncScheme``'s workers have sent so far (use 6 above)."""
-    for ack_queue in (getattr(scheme, "_ack_queues", None) or {}).values():
-        while True:
-            try:
-                ack_queue.get_nowait()
-            except queue.Empty:
-                break

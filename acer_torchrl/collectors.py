@@ -8,7 +8,7 @@ single-process ``Collector`` (``num_workers == 0``, for debugging) with the same
   across batches. ``("collector", "traj_ids")`` numbers each trajectory (one env's episode, or the part
   of it since the collector started) uniquely across workers and envs;
 - ``update_policy_weights_()`` copies the learner policy's current parameters to every worker's acting
-  policy (shared memory, without waiting for the workers: :class:`NonBlockingWeightSync`);
+  policy (shared memory; see :class:`~torchrl.weight_update.SharedMemWeightSyncScheme`);
 - ``shutdown()`` (also ``close()``, or leaving a ``with`` block) stops the workers.
 
 Acting happens on CPU: the policy handed to :func:`make_collector` must live there.
@@ -41,7 +41,7 @@ from torchrl.collectors import Collector, MultiAsyncCollector
 from torchrl.envs import EnvBase
 from torchrl.weight_update import SharedMemWeightSyncScheme
 
-from acer_torchrl._torchrl_compat import discard_acknowledgements, weight_sync_schemes
+from acer_torchrl._torchrl_compat import weight_sync_schemes
 
 WORKER_SEED_STRIDE = 1_000  # worker i's seeds start at seed + WORKER_SEED_STRIDE * i
 
@@ -100,26 +100,6 @@ class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
 
 class InProcessCollector(_ClosingCollector, Collector):
     """Single-process ``Collector`` with the same ``close()`` / context-manager interface."""
-
-
-class NonBlockingWeightSync(SharedMemWeightSyncScheme):
-    """TorchRL's shared-memory weight sync without waiting for the workers.
-
-    ``update_policy_weights_()`` writes the new weights into the shared buffer and tells each worker's
-    receiver thread to copy them into its acting policy; TorchRL's default (``sync=True``) then waits until
-    every worker has done so, which takes that thread's turn at the worker's GIL: 5-12 ms of the learner a
-    collected batch on two busy cores. Here the learner goes on at once and the acknowledgements are dropped.
-    A worker may act with the previous weights for a few more steps, or with a copy half done; either way the
-    behaviour statistics it stores are those it acted with, which is all the losses need (off-policy
-    corrections use the stored mu, never the learner's weights).
-    """
-
-    def __init__(self):
-        super().__init__(sync=False)
-
-    def send(self, weights=None, worker_ids=None) -> None:
-        super().send(weights, worker_ids)
-        discard_acknowledgements(self)
 
 
 @dataclass
@@ -200,6 +180,6 @@ def make_collector(
     return MultiProcessCollector(
         workers,
         policy,
-        weight_sync_schemes={"policy": NonBlockingWeightSync()},
+        weight_sync_schemes={"policy": SharedMemWeightSyncScheme()},
         **common,
     )
