@@ -118,6 +118,8 @@ def main() -> None:
     parser.add_argument("algo")
     parser.add_argument("preset")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="seeds run are first-seed .. first-seed + seeds - 1 (default 0)")
     parser.add_argument("--frames", type=int, required=True)
     parser.add_argument("--threshold", type=float, default=None)
     parser.add_argument("--parallel", type=int, default=max(1, (os.cpu_count() or 2) // 2))
@@ -135,7 +137,7 @@ def main() -> None:
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(
             lambda s: run_seed(args.algo, args.preset, s, args.frames, bench_dir / f"seed{s}", extra),
-            range(args.seeds),
+            range(args.first_seed, args.first_seed + args.seeds),
         ))
     elapsed = time.time() - start
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -144,12 +146,13 @@ def main() -> None:
     finals = [r["final_score"] for r in ok]
     iqm, ci_low, ci_high = iqm_with_ci(finals) if finals else (None, None, None)
     reached = [steps_to(r["curve"], args.threshold) for r in ok] if args.threshold is not None else []
-    command = " ".join(["python benchmarks/learning.py", args.algo, args.preset, f"--seeds {args.seeds}",
-                        f"--frames {args.frames}"] + ([f"--threshold {args.threshold:g}"] if args.threshold is not None else [])
+    command = " ".join(["python benchmarks/learning.py", args.algo, args.preset, f"--seeds {args.seeds}"]
+                       + ([f"--first-seed {args.first_seed}"] if args.first_seed else []) + [f"--frames {args.frames}"] + ([f"--threshold {args.threshold:g}"] if args.threshold is not None else [])
                        + [f"--parallel {args.parallel}"] + ([f"--name {args.name}"] if args.name else []) + extra)
     row = {
         "name": name,
         "seeds": args.seeds,
+        "first_seed": args.first_seed,
         "frames": args.frames,
         "threshold": args.threshold,
         "final_score_iqm": _round(iqm),
@@ -202,6 +205,7 @@ HEADER = (
 
 
 def append_markdown(row: dict) -> None:
+    """Add ``row`` as the last line of the results table (the notes below the table stay below it)."""
     path = RESULTS / "learning.md"
     if not path.exists():
         path.write_text(HEADER)
@@ -209,13 +213,16 @@ def append_markdown(row: dict) -> None:
     thr = f" (>= {row['threshold']:g}, {row['frames']} steps)" if row["threshold"] is not None else f" ({row['frames']} steps)"
     failed = f" FAILED: {len(row['failed'])}" if row["failed"] else ""
     low, high = row["final_score_ci95"]
-    with path.open("a") as f:
-        f.write(
-            f"| [{row['name']}]({row['name']}.png){thr} | {row['final_score_iqm']} [{low}, {high}]{failed} | "
-            f"{', '.join(str(v) for v in row['final_score_per_seed'])} | {row['final_score_at_threshold']} | {steps} | "
-            f"{row['wall_time_s_per_seed']} | {row['env_steps_per_s']} | {row['machine']}, {row['date']} | "
-            f"`{row['command']}` |\n"
-        )
+    line = (
+        f"| [{row['name']}]({row['name']}.png){thr} | {row['final_score_iqm']} [{low}, {high}]{failed} | "
+        f"{', '.join(str(v) for v in row['final_score_per_seed'])} | {row['final_score_at_threshold']} | {steps} | "
+        f"{row['wall_time_s_per_seed']} | {row['env_steps_per_s']} | {row['machine']}, {row['date']} | "
+        f"`{row['command']}` |"
+    )
+    lines = path.read_text().splitlines()
+    last_row = max(i for i, text in enumerate(lines) if text.startswith("|"))
+    lines.insert(last_row + 1, line)
+    path.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
