@@ -211,7 +211,7 @@ class Trainer:
         return torch.cat([p.select(*keys) for p in parts], 0)
 
     def update(self, batch: TensorDictBase) -> dict[str, float]:
-        batch = batch.to(self.device)
+        batch = self.loss.before_update(batch, self.replay).to(self.device)
         with set_recurrent_mode(True):
             out = self.loss(batch)
         total = sum(v for k, v in out.items() if k.startswith("loss_"))

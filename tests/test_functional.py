@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from acer_torchrl.objectives import functional as F
+from acer_torchrl.objectives.affine_tree import AffineSuffixTree
 from acer_torchrl.objectives.functional import (
     acer_trust_region,
     implied_policy_kl,
@@ -533,3 +534,31 @@ def test_refer_beta_update_eq12():
         beta_far = refer_beta_update(beta_far, 0.5, 0.1, 0.01)
         beta_near = refer_beta_update(beta_near, 0.0, 0.1, 0.01)
     assert beta_far == pytest.approx(0.0, abs=1e-6) and beta_near == pytest.approx(1.0, abs=1e-6)
+
+
+# --------------------------------------------------------------------------- affine suffix tree (V-RACER's eq. 8)
+
+
+def backward_loop(a, b):
+    """x_i = a_i x_{i+1} + b_i, x_n = 0, one step at a time."""
+    x = [0.0] * (len(a) + 1)
+    for i in reversed(range(len(a))):
+        x[i] = a[i] * x[i + 1] + b[i]
+    return torch.tensor(x, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 9, 300])
+def test_affine_suffix_tree_matches_the_backward_loop_after_point_updates(n):
+    g = torch.Generator().manual_seed(n)
+    a = (0.99 * torch.rand(n, generator=g, dtype=torch.float64)).where(torch.rand(n, generator=g) > 0.1, 0.0)  # cuts
+    b = torch.randn(n, generator=g, dtype=torch.float64)
+    tree = AffineSuffixTree(a, b)
+    everywhere = torch.arange(n + 1)
+    torch.testing.assert_close(tree.suffix(everywhere), backward_loop(a.tolist(), b.tolist()), rtol=1e-12, atol=1e-12)
+    for _ in range(3):
+        where = torch.randint(0, n, (4,), generator=g)
+        where = torch.cat([where, where[:1]])  # a position given twice, with the same map
+        a[where] = 0.99 * torch.rand(5, generator=g, dtype=torch.float64)[torch.arange(5) % 4]
+        b[where] = torch.randn(5, generator=g, dtype=torch.float64)[torch.arange(5) % 4]
+        tree.set(where, a[where], b[where])
+        torch.testing.assert_close(tree.suffix(everywhere), backward_loop(a.tolist(), b.tolist()), rtol=1e-12, atol=1e-12)

@@ -47,6 +47,11 @@ class ReplayLoss(LossModule):
         """Called on every collected batch before it is stored (e.g. to add columns written back later)."""
         return batch
 
+    def before_update(self, sample: TensorDictBase, replay) -> TensorDictBase:
+        """Called on each batch drawn for an update, before ``forward``: adds entries computed from the
+        replay when the batch is drawn (V-RACER's ``V^tbc`` and ``Q^ret``)."""
+        return sample
+
     def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay) -> None:
         """Called after each optimiser step with the batch it used (write-backs, controllers)."""
 

@@ -5,15 +5,16 @@ preprocessing, Algorithms 1-3). One network outputs ``V(s)``, the Gaussian mean 
 state-independent diagonal std; training samples single time steps from the replay:
 
 * **Stored estimates (sec. 2, Algorithm 3).** The replay keeps, for every step ``k``, the most recent
-  ``V(s_k)``, ``rho_k``, ``V^tbc_k`` and ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (under the ``"vracer"``
-  columns, added to each collected batch by :meth:`VRACERLoss.preprocess`). A sampled step's gradient uses
-  the stored ``V^tbc_k`` (value target, eq. 9) and ``Q^ret_k`` (eq. 5-6 with ``Q := V``); its fresh ``V``
-  and ``rho`` (and ``V(s_{k+1})``, the bootstrap where it is its episode's last stored step) are written back and
-  ``V^tbc`` (eq. 8) is recomputed for it and every earlier step of its episode
-  (:meth:`VRACERLoss.after_update`). Terminal steps bootstrap on 0, a truncated (or still open) episode's
-  last stored step on ``V(s_{T})``. When a chunk of an episode arrives, the same recursion runs over the
-  episode's stored prefix (Algorithm 2: "compute and store Q^ret for all steps of the episode"). Each
-  update's write-back costs O(episode prefix) per distinct sampled episode, as Algorithm 3.
+  ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` (under the ``"vracer"`` columns, added to each collected batch by
+  :meth:`VRACERLoss.preprocess`). A sampled step's gradient uses ``V^tbc_k`` (value target, eq. 9) and
+  ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 5-6 with ``Q := V``), eq. 8 run from its episode's last
+  stored step over these stored values; its fresh ``V`` and ``rho`` (and ``V(s_{k+1})``, the bootstrap
+  where it is its episode's last stored step) are written back (:meth:`VRACERLoss.after_update`). Terminal
+  steps bootstrap on 0, a truncated (or still open) episode's last stored step on ``V(s_{T})``.
+  Algorithm 3 stores ``V^tbc`` and recomputes it for every earlier step of the episode after each write-back
+  (O(episode prefix) per sampled step); that keeps every stored ``V^tbc_t`` equal to eq. 8 over the stored
+  values from ``t`` on, which is what is computed here when ``t`` is sampled (:class:`StoredRecursion`:
+  a segment tree over eq. 8's affine steps, O(log replay) per sampled step, the same numbers).
 * **ReF-ER (sec. 3).** Rules 1-2, the ``beta`` controller over the whole replay's stored ``rho`` and the
   annealing of ``c_max`` and of the learning rate (eq. 10-13) live in :class:`~acer_torchrl.objectives.refer.ReFER`.
 * **Preprocessing (App. B).** States are standardised with the mean and std of the first ``N_start``
@@ -26,7 +27,7 @@ state-independent diagonal std; training samples single time steps from the repl
 Deviations and choices: the hidden-layer initialisation is Glorot's uniform ``sqrt(6 / (f_i + f_o))``
 (App. A prints ``6 / sqrt(f_i + f_o)`` while citing Glorot & Bengio); ``rho`` and ``D_KL`` use the
 Gaussian densities (the truncation constant is the same for ``pi`` and ``mu`` and cancels in ``rho``);
-when ``sigma_r`` changes, the stored estimates are rescaled by ``sigma_old / sigma_new`` so that they stay
+when ``sigma_r`` changes, the stored values are rescaled by ``sigma_old / sigma_new`` so that they stay
 in the units of the current reward scale; as in Algorithm 3, ``beta`` weighs the value gradient as well as
 the policy gradient and the batch mean counts the far-policy steps (with zero gradient).
 """
@@ -51,14 +52,14 @@ from acer_torchrl.algorithms import Algorithm
 from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import BEHAVIOUR, GaussianHead, MLPEncoder, learning_module, make_torso
+from acer_torchrl.objectives.affine_tree import AffineSuffixTree
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask
-from acer_torchrl.objectives.functional import vtrace
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
 from acer_torchrl.replay import SLOT_KEY, EpisodeReplay
 from acer_torchrl.settings.vracer import DEFAULT_PRESET, PRESETS, VRACERConfig
 
 STORED = "vracer"  # root of the per-step estimates kept in the replay
-VALUE, RHO, NEXT_VALUE, VTBC, QRET = "value", "rho", "next_value", "vtbc", "qret"
+VALUE, RHO, NEXT_VALUE, VTBC, QRET = "value", "rho", "next_value", "vtbc", "qret"  # the last two: computed when sampled
 _WRITTEN_BACK = {VALUE: "state_value", RHO: "rho", NEXT_VALUE: "next_state_value"}  # stored <- loss output
 
 
@@ -195,12 +196,12 @@ def _gather(replay: EpisodeReplay, key: NestedKey, slots: torch.Tensor) -> torch
 
 
 class EpisodeOrder:
-    """The alive slots of an :class:`~acer_torchrl.replay.EpisodeReplay` sorted by (episode, position).
+    """The alive slots of an :class:`~acer_torchrl.replay.EpisodeReplay` sorted by (episode, position), and
+    each slot's index in that order (``rank``; -1 when not alive).
 
-    Every alive episode is stored whole from its first step (whole-episode eviction), so its steps are
-    one contiguous run of :attr:`slots`; the slots of the first ``k`` steps of the episode of any slot are
-    then one vectorised gather, instead of following the replay's ``next`` links step by step. Valid
-    until the replay is extended (:attr:`steps_written`).
+    Every alive episode is stored whole from its first step (whole-episode eviction), so its steps are one
+    contiguous run of :attr:`slots`, in time order: a step's successor in its episode (``replay.next``) is
+    the next entry. Valid until the replay is extended (:attr:`steps_written`).
     """
 
     def __init__(self, replay: EpisodeReplay):
@@ -209,20 +210,11 @@ class EpisodeOrder:
         alive = replay.alive.nonzero().squeeze(-1)
         key = replay.episode[alive] * replay.capacity + replay.position[alive]
         self.slots = alive[key.argsort()]
-        self.rank = torch.full((replay.capacity,), -1, dtype=torch.long)  # index of a slot in `slots`
+        self.rank = torch.full((replay.capacity,), -1, dtype=torch.long)
         self.rank[self.slots] = torch.arange(self.slots.numel())
 
-    def prefixes(self, slots: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """For the distinct episodes of ``slots`` (at ``positions`` in them): the slots of their steps from the
-        first up to the latest of ``slots``, one episode after the other, ``[N]`` (no padding: sampled steps
-        lie anywhere in episodes of very different lengths), and ``last`` ``[E]``, the index in that list of
-        each episode's last step."""
-        starts, which = (self.rank[slots] - positions).unique(return_inverse=True)
-        length = torch.zeros_like(starts).scatter_reduce_(0, which, positions, "amax", include_self=False) + 1
-        last = length.cumsum(0) - 1
-        # list index i of episode e holds its step i - first_e, i.e. sorted slot starts_e + i - first_e
-        shift = torch.repeat_interleave(starts - (last + 1 - length), length)
-        return self.slots[torch.arange(int(last[-1]) + 1) + shift], last
+    def current(self, replay: EpisodeReplay) -> bool:
+        return self.replay is replay and self.steps_written == replay.steps_written
 
 
 # ---------------------------------------------------------------------------------------------- loss
@@ -313,7 +305,7 @@ class VRACERLoss(ReplayLoss):
         self.register_buffer("fitted", torch.tensor(False))  # state/reward statistics fitted (Alg. 1)
         self.register_buffer("updates", torch.tensor(0, dtype=torch.long))  # gradient steps k
         self._pending_updates = 0.0  # gradient steps owed to the env steps collected (F, App. A)
-        self._order: EpisodeOrder | None = None
+        self._recursion: tuple[EpisodeOrder, AffineSuffixTree] | None = None  # eq. 8 over the replay
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         """No value estimator object: the V^tbc recursion runs on the replay's stored estimates."""
@@ -331,10 +323,8 @@ class VRACERLoss(ReplayLoss):
             (keys.behaviour, "loc"),
             (keys.behaviour, "scale"),
             keys.behaviour_log_prob,
-            self._stored(VTBC),
-            self._stored(QRET),
             *[("next", k) for k in self.network.in_keys],
-        ]
+        ]  # and the stored V^tbc and Q^ret, which before_update adds (they are not gathered from the replay)
 
     @property
     def out_keys(self) -> list[str]:
@@ -392,8 +382,7 @@ class VRACERLoss(ReplayLoss):
         log_rho = self._log_rho(td, pi)
         near = self.refer.near_policy(log_rho.detach())  # Rule 1 (eq. 10)
         rho_near = self.refer.weight(log_rho, near)  # far-policy: 1; ReF-ER-2: min(rho, 10^3) (sec. 5.3)
-        v_tbc = td.get(self._stored(VTBC))
-        q_ret = td.get(self._stored(QRET))
+        v_tbc, q_ret = td[self._stored(VTBC)], td[self._stored(QRET)]  # added by before_update
         advantage = (q_ret - value).detach()
         loss_policy = self.refer.gate(-rho_near * advantage, near, mask)  # off-PG, eq. 5
         loss_value = self.refer.gate(0.5 * (value - v_tbc).pow(2), near, mask)  # eq. 9
@@ -422,15 +411,12 @@ class VRACERLoss(ReplayLoss):
 
     # ------------------------------------------------------------------ trainer hooks
     def preprocess(self, batch: TensorDictBase) -> TensorDictBase:
-        """Adds the stored-estimate columns (``V``, ``rho``, ``V(s_{k+1})`` of the current network;
-        ``V^tbc`` and ``Q^ret`` are filled per episode by :meth:`after_extend`) and counts env steps."""
+        """Adds the stored-value columns (``V``, ``rho``, ``V(s_{k+1})`` of the current network) and counts
+        env steps."""
         steps = batch.numel()
         self.refer.advance(steps)
         self._pending_updates += steps / self.steps_per_update
-        stored = self._fresh_estimates(batch)
-        stored.set(VTBC, torch.zeros_like(stored.get(VALUE)))
-        stored.set(QRET, torch.zeros_like(stored.get(VALUE)))
-        batch.set(self.tensor_keys.stored, stored)
+        batch.set(self.tensor_keys.stored, self._fresh_estimates(batch))
         return batch
 
     def update_plan(self, rng: np.random.Generator) -> list[float]:
@@ -445,16 +431,18 @@ class VRACERLoss(ReplayLoss):
 
     def after_extend(self, batch: TensorDictBase, slots: torch.Tensor, replay: EpisodeReplay) -> None:
         """Once ``n_start`` steps are stored, fit the state and reward statistics and recompute every
-        stored estimate (Algorithm 1); afterwards, run eq. 8 over the stored prefix of every episode the
-        new steps belong to (Algorithm 2: ``Q^ret`` of an episode once its steps are known)."""
-        if not bool(self.fitted):
-            if len(replay) < self.n_start:
-                return
+        stored value (Algorithm 1). (``V^tbc`` of the new steps' episodes follows from the stored values
+        when their steps are sampled: :meth:`estimates`.)"""
+        if not bool(self.fitted) and len(replay) >= self.n_start:
             self._fit(replay)
-            return
-        alive = slots[replay.alive[slots]]
-        if alive.numel():
-            self.retrace_episodes(replay, alive)
+
+    def before_update(self, sample: TensorDictBase, replay: EpisodeReplay) -> TensorDictBase:
+        """Adds the sampled steps' ``V^tbc`` and ``Q^ret`` (:meth:`estimates`) under the stored root."""
+        slots = sample.get(SLOT_KEY).reshape(-1).cpu()
+        v_tbc, q_ret = self.estimates(replay, slots)
+        sample.set(self._stored(VTBC), v_tbc.reshape(*sample.shape, 1).to(sample.device))
+        sample.set(self._stored(QRET), q_ret.reshape(*sample.shape, 1).to(sample.device))
+        return sample
 
     def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay: EpisodeReplay) -> None:
         """Algorithm 3's write-back, the ``sigma_r`` refresh (Algorithm 1) and ReF-ER's ``beta`` (eq. 12).
@@ -469,67 +457,75 @@ class VRACERLoss(ReplayLoss):
         keep = replay.alive[slots]
         slots = slots[keep]
         replay.update(slots, self._as_stored(fresh[keep]))
-        self.retrace_episodes(replay, slots)
+        if self._recursion is not None and self._recursion[0].current(replay):
+            order, tree = self._recursion
+            tree.set(order.rank[slots], *self._eq8_maps(self._eq8_terms(replay, slots)))
         self.updates += 1
         if int(self.updates) % self.reward_scale_interval == 0:
             self._rescale_rewards(replay)
-        self.refer.update_beta(_gather(replay, self._stored(RHO), self._alive_slots(replay)))
+        self.refer.update_beta(replay.column(self._stored(RHO)))
 
     # ------------------------------------------------------------------ replay estimates
     def _as_stored(self, values: TensorDictBase) -> TensorDictBase:
         return TensorDict({self.tensor_keys.stored: values}, batch_size=values.batch_size)
 
+    def _eq8_terms(self, replay: EpisodeReplay, slots: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What eq. 8 reads at ``slots``, each ``[k, 1]``: the stored ``V`` and ``rhō = min(1, rho)``, the
+        reward scaled by ``sigma_r`` (App. B), whether the step is its episode's last stored one, and the
+        bootstrap there (0 when terminal, else the stored ``V(s_{k+1})``)."""
+        terminal = _gather(replay, ("next", self.tensor_keys.terminated), slots)
+        return {
+            "value": _gather(replay, self._stored(VALUE), slots),
+            "rho_bar": _gather(replay, self._stored(RHO), slots).clamp(max=1.0),
+            "reward": _gather(replay, ("next", self.tensor_keys.reward), slots) / (float(self.reward_scale) + self.epsilon),
+            "last": (replay.next[slots] < 0).unsqueeze(-1),
+            "bootstrap": torch.where(terminal, 0.0, _gather(replay, self._stored(NEXT_VALUE), slots)),
+        }
+
+    def _eq8_maps(self, terms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eq. 8 as ``V^tbc_t = a_t V^tbc_{t+1} + b_t``: ``a_t = gamma rhō_t``, ``b_t = (1 - rhō_t) V_t +
+        rhō_t r_{t+1}``; at an episode's last stored step ``a = 0`` and ``b`` adds ``rhō gamma V_boot``."""
+        rho_bar, last = terms["rho_bar"], terms["last"]
+        q_end = terms["reward"] + self.gamma * torch.where(last, terms["bootstrap"], 0.0)
+        a = torch.where(last, 0.0, self.gamma * rho_bar)
+        b = (1.0 - rho_bar) * terms["value"] + rho_bar * q_end
+        return a.squeeze(-1), b.squeeze(-1)
+
+    def _stored_recursion(self, replay: EpisodeReplay) -> tuple[EpisodeOrder, AffineSuffixTree]:
+        """Eq. 8's maps of every alive step in episode order, in a segment tree; rebuilt when steps were added
+        (or all stored values changed) since it was built, and kept current by :meth:`after_update`."""
+        if self._recursion is None or not self._recursion[0].current(replay):
+            order = EpisodeOrder(replay)
+            self._recursion = order, AffineSuffixTree(*self._eq8_maps(self._eq8_terms(replay, order.slots)))
+        return self._recursion
+
     @torch.no_grad()
-    def retrace_episodes(self, replay: EpisodeReplay, slots: torch.Tensor) -> None:
-        """Eq. 8 over every stored step of the episodes of ``slots``, up to the latest of ``slots`` in each.
+    def estimates(self, replay: EpisodeReplay, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``V^tbc_k`` and ``Q^ret_k`` of the stored steps ``slots`` (``[k]``), each ``[k, 1]``.
 
-        ``V^tbc_t = V_t + min(1, rho_t) [r_{t+1} + gamma V^tbc_{t+1} - V_t]`` runs backwards from the step
-        after the last given one: its stored ``V^tbc``, or for an episode's last stored step 0 when it is
-        terminal and the stored ``V(s_{t+1})`` otherwise (truncated, or still being collected). It is
-        V-trace with ``rho_bar = c_bar = 1`` (IMPALA eq. 1; see ``functional.vtrace``), run once along the
-        episodes' prefixes laid end to end (cut between episodes). ``Q^ret_t = r_{t+1} + gamma V^tbc_{t+1}`` (eq. 6
-        with ``Q := V``) is stored beside it. Rewards are scaled by ``sigma_r`` (App. B).
-        """
-        idx, last = self._episode_order(replay).prefixes(slots, replay.position[slots])  # [N], [E]
-        value, rho = _gather(replay, self._stored(VALUE), idx), _gather(replay, self._stored(RHO), idx)
-        reward = _gather(replay, ("next", self.tensor_keys.reward), idx) / (float(self.reward_scale) + self.epsilon)
-        last_slot = idx[last]
-        successor = replay.next[last_slot]
-        terminal = _gather(replay, ("next", self.tensor_keys.terminated), last_slot)
-        bootstrap = torch.where(
-            (successor >= 0).unsqueeze(-1),
-            _gather(replay, self._stored(VTBC), successor.clamp_min(0)),
-            torch.where(terminal, 0.0, _gather(replay, self._stored(NEXT_VALUE), last_slot)),
-        )  # [E, 1]: V^tbc of the step after each episode's last recomputed one
-        cut = torch.zeros_like(value, dtype=torch.bool).index_fill_(0, last, True)  # episodes end here
-        next_value = torch.cat([value[1:], value[-1:]]).index_copy_(0, last, bootstrap)
-        v_tbc, _ = vtrace(
-            self.gamma, reward, value, next_value, rho.log(), torch.zeros_like(cut), cut, rho_bar=1.0, c_bar=1.0
-        )  # one time axis through all the episodes, cut between them
-        next_v_tbc = torch.cat([v_tbc[1:], v_tbc[-1:]]).index_copy_(0, last, bootstrap)
-        q_ret = reward + self.gamma * next_v_tbc
-        update = TensorDict({VTBC: v_tbc, QRET: q_ret}, batch_size=[idx.numel()])
-        replay.update(idx, self._as_stored(update))
-
-    def _episode_order(self, replay: EpisodeReplay) -> EpisodeOrder:
-        """The replay's alive steps grouped by episode, rebuilt when steps were added since the last call."""
-        if self._order is None or self._order.steps_written != replay.steps_written or self._order.replay is not replay:
-            self._order = EpisodeOrder(replay)
-        return self._order
-
-    def _alive_slots(self, replay: EpisodeReplay) -> torch.Tensor:
-        return self._episode_order(replay).slots
+        Eq. 8, ``V^tbc_t = V_t + rhō_t [r_{t+1} + gamma V^tbc_{t+1} - V_t]``, run backwards from the episode's
+        last stored step (bootstrap: 0 when terminal, else the stored ``V(s_{T})``) over the stored ``V`` and
+        ``rho``; ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 6 with ``Q := V``). These are the values
+        Algorithm 3 would hold for ``k``: it recomputes a step's ``V^tbc`` whenever a later step of its
+        episode is written back. ``V^tbc_{k+1}`` is the suffix of the episode-ordered recursion
+        (:class:`AffineSuffixTree`, the episode's last step cutting it), O(log n) per step instead of the
+        O(episode) of a backward pass."""
+        order, tree = self._stored_recursion(replay)
+        terms = self._eq8_terms(replay, slots)
+        after = tree.suffix(order.rank[slots] + 1).to(terms["value"].dtype).unsqueeze(-1)  # V^tbc_{k+1}
+        q_ret = terms["reward"] + self.gamma * torch.where(terms["last"], terms["bootstrap"], after)
+        v_tbc = terms["value"] + terms["rho_bar"] * (q_ret - terms["value"])
+        return v_tbc, q_ret
 
     @torch.no_grad()
     def _fit(self, replay: EpisodeReplay) -> None:
         """Algorithm 1's preparation: state statistics (eq. 14-15) and ``sigma_r`` (eq. 16) from the stored
-        steps, then every stored estimate recomputed with the standardised network."""
+        steps, then every stored value recomputed with the standardised network."""
         self.normalizer.fit(replay.column("observation").flatten(1).float())
         self.reward_scale.copy_(self._reward_rms(replay))
-        slots = self._alive_slots(replay)
-        fresh = self._fresh_estimates(replay.gather(slots))
-        replay.update(slots, self._as_stored(fresh))
-        self.retrace_episodes(replay, slots)
+        slots = replay.alive_slots()
+        replay.update(slots, self._as_stored(self._fresh_estimates(replay.gather(slots))))
+        self._recursion = None
         self.fitted.fill_(True)
 
     def _reward_rms(self, replay: EpisodeReplay) -> torch.Tensor:
@@ -538,13 +534,14 @@ class VRACERLoss(ReplayLoss):
 
     @torch.no_grad()
     def _rescale_rewards(self, replay: EpisodeReplay) -> None:
-        """Recompute ``sigma_r`` (eq. 16) and convert the stored estimates to the new reward units."""
+        """Recompute ``sigma_r`` (eq. 16) and convert the stored values to the new reward units."""
         new = float(self._reward_rms(replay))
         factor = (float(self.reward_scale) + self.epsilon) / (new + self.epsilon)
-        slots = self._alive_slots(replay)
-        values = {name: _gather(replay, self._stored(name), slots) * factor for name in (VALUE, NEXT_VALUE, VTBC, QRET)}
+        slots = replay.alive_slots()
+        values = {name: _gather(replay, self._stored(name), slots) * factor for name in (VALUE, NEXT_VALUE)}
         replay.update(slots, self._as_stored(TensorDict(values, batch_size=[slots.numel()])))
         self.reward_scale.fill_(new)
+        self._recursion = None
 
 
 # ---------------------------------------------------------------------------------------------- build
