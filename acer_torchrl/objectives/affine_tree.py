@@ -68,6 +68,6 @@ class AffineSuffixTree:
             is_left = node % 2 == 0
             sibling = torch.where(is_left, node + 1, node)
             acc_b = torch.where(is_left, torch.addcmul(acc_b, acc_a, self.b[sibling]), acc_b)
-            acc_a = torch.where(is_left, acc_a * self.a[sibling], acc_a)
+            acc_a = torch.where(is_left, torch.threshold(acc_a * self.a[sibling], self._tiny, 0.0), acc_a)
             node = node // 2
         return acc_b

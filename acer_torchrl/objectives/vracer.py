@@ -13,7 +13,7 @@ state-independent diagonal std; training samples single time steps from the repl
   steps bootstrap on 0, a truncated (or still open) episode's last stored step on ``V(s_{T})``.
   Algorithm 3 stores ``V^tbc`` and recomputes it for every earlier step of the episode after each write-back
   (O(episode prefix) per sampled step); that keeps every stored ``V^tbc_t`` equal to eq. 8 over the stored
-  values from ``t`` on, which is what is computed here when ``t`` is sampled (:class:`StoredRecursion`:
+  values from ``t`` on, which is what is computed here when ``t`` is sampled (:meth:`VRACERLoss.estimates`:
   a segment tree over eq. 8's affine steps, O(log replay) per sampled step, the same numbers).
 * **ReF-ER (sec. 3).** Rules 1-2, the ``beta`` controller over the whole replay's stored ``rho`` and the
   annealing of ``c_max`` and of the learning rate (eq. 10-13) live in :class:`~acer_torchrl.objectives.refer.ReFER`.
