@@ -237,15 +237,39 @@ class AgentReplay:
             self.sampled = torch.tensor(json.loads((path / SAMPLED_FILE).read_text()), dtype=torch.long)
 
 
-class SweepAgentTrainer(Trainer):
-    """A :class:`Trainer` whose replay is its handle on the sweep's shared replay."""
+PEER_WAIT_S = 600  # how long an agent waits for the others' first experience (the RPC timeout too)
 
-    def __init__(self, cfg: Config, replay: AgentReplay):
+
+class SweepAgentTrainer(Trainer):
+    """A :class:`Trainer` whose replay is its handle on the sweep's shared replay.
+
+    With ``wait_for_peers`` (one process per agent), the first update from replay waits until every agent
+    has stored experience: processes start at different speeds, and an agent that finished a short run
+    before the others wrote anything would have learned from its own data only, not from a shared replay.
+    (In one process the agents collect in turn, so the second round already samples everyone's data.)
+    """
+
+    def __init__(self, cfg: Config, replay: AgentReplay, wait_for_peers: bool = False):
         self._shared_handle = replay
+        self._peers_pending = wait_for_peers
         super().__init__(cfg)
 
     def make_replay(self) -> AgentReplay:
         return self._shared_handle
+
+    def draw_batch(self, online_share: float) -> TensorDictBase | None:
+        if self._peers_pending and online_share < 1.0:
+            self._wait_for_peers()
+        return super().draw_batch(online_share)
+
+    def _wait_for_peers(self) -> None:
+        deadline = time.monotonic() + PEER_WAIT_S
+        while 0 in (counts := self._shared_handle.shared.agent_counts()):
+            if time.monotonic() > deadline:
+                idle = [i for i, n in enumerate(counts) if n == 0]
+                raise RuntimeError(f"sweep agents {idle} stored no experience within {PEER_WAIT_S} s; are their processes alive?")
+            time.sleep(0.05)
+        self._peers_pending = False
 
 
 # ---------------------------------------------------------------------------------------------- sweep config
@@ -408,11 +432,11 @@ def run_sweep_rank(
         make_writable_dir(sweep_dir, "run_dir")
         shared = _shared_storage(cfg, sweep_dir, world_size)
     handle = AgentReplay(shared if rank == 0 else RemoteReplay("agent0"), rank, world_size, owner=rank == 0)
-    trainer = SweepAgentTrainer(cfg, handle)  # when resuming, rank 0 restores the replay before serving it
+    trainer = SweepAgentTrainer(cfg, handle, wait_for_peers=True)  # when resuming, rank 0 restores the replay before serving it
     # this machine's cores are shared by every rank on it and their collector workers
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size - cfg.collector.workers))
     serve(shared)
-    options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{master_addr}:{port + 1}", rpc_timeout=600)
+    options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{master_addr}:{port + 1}", rpc_timeout=PEER_WAIT_S)
     rpc.init_rpc(f"agent{rank}", rank=rank, world_size=world_size, rpc_backend_options=options)
     try:
         summary = trainer.train()

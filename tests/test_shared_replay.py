@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from acer_torchrl.shared_replay import (
     AgentReplay,
     RemoteReplay,
     SharedReplay,
+    SweepAgentTrainer,
     agent_configs,
     parse_sweep_args,
     run,
@@ -117,6 +121,27 @@ def test_only_the_owner_persists_the_shared_replay_every_agent_its_sample_counts
         handle.load(tmp_path / f"a{i}")
         assert torch.equal(handle.sampled, handles[i].sampled) and handle.sampled.sum() > 0
     assert restored.agent_counts() == [48, 48]
+
+
+def test_an_agent_process_waits_for_every_agents_first_experience(monkeypatch):
+    """Agent processes start at different speeds: the first update from replay waits until each agent stored
+    data (else a fast agent's short run learns from its own data only), and says which agent never came."""
+    import acer_torchrl.shared_replay as sr
+
+    shared = SharedReplay(EpisodeReplay(1000, seed=0), n_agents=2)
+    handles = [AgentReplay(shared, i, 2, owner=i == 0) for i in range(2)]
+    handles[0].extend(agent_batch(0, [0], start=0, T=8, ends=False))
+    waiting = types.SimpleNamespace(_shared_handle=handles[0], _peers_pending=True)
+    late = threading.Timer(0.3, lambda: handles[1].extend(agent_batch(1, [0], start=0, T=8, ends=False)))
+    late.start()
+    started = time.monotonic()
+    SweepAgentTrainer._wait_for_peers(waiting)
+    assert time.monotonic() - started >= 0.25 and shared.agent_counts() == [8, 8] and not waiting._peers_pending
+    alone = SharedReplay(EpisodeReplay(1000, seed=0), n_agents=3)
+    AgentReplay(alone, 1, 3, owner=False).extend(agent_batch(1, [0], start=0, T=8, ends=False))
+    monkeypatch.setattr(sr, "PEER_WAIT_S", 0.2)
+    with pytest.raises(RuntimeError, match=r"agents \[0, 2\] stored no experience"):
+        SweepAgentTrainer._wait_for_peers(types.SimpleNamespace(_shared_handle=AgentReplay(alone, 1, 3, owner=False)))
 
 
 def test_sweep_arguments():
