@@ -95,7 +95,7 @@ class LogConfig:
 @allowed(seed="[0, 1e9]", total_frames="[1, inf)", gamma="(0, 1]", threads="[0, 1024]")
 @dataclass
 class Config:
-    loss: str = "acer"  # the algorithm: one of the registry (acer_torchrl/algorithms.py)
+    loss: str = "acer"  # the algorithm: one of the registry (acer_torchrl/algorithms/__init__.py)
     preset: str | None = None  # the algorithm's named override set, applied before the other keys
     seed: int = 0  # seeds torch, numpy, the replay's sampler and (offset per worker) the envs
     total_frames: int = 50_000  # env steps

@@ -21,12 +21,12 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequ
 from torch import nn
 from torchrl.envs.transforms import Transform
 from torchrl.modules import LSTMModule
-from torchrl.modules.distributions import IndependentNormal
 from torchrl.envs.utils import ExplorationType, exploration_type
 
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
+from acer_torchrl.objectives.common import policy_keys
+from acer_torchrl.objectives.names import BEHAVIOUR
 
-BEHAVIOUR = "behaviour"  # root key of the statistics written at acting time
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "softsign": nn.Softsign}
 
@@ -163,11 +163,6 @@ class GaussianHead(nn.Module):
         return loc, nn.functional.softplus(self.raw_std).expand_as(loc)
 
 
-def policy_keys(info: EnvInfo) -> list[str]:
-    """Names of the distribution statistics phi (ACER sec. 3.3): logits, or loc and scale."""
-    return ["logits"] if info.discrete else ["loc", "scale"]
-
-
 class BehaviourSampler(nn.Module):
     """The acting policy's last step: the action drawn from the behaviour statistics and its log-probability.
 
@@ -208,17 +203,10 @@ def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> Tensor
     ``ExplorationType.DETERMINISTIC`` the same module acts greedily (argmax / mean), which is what
     evaluation uses.
     """
-    stat_keys = [(BEHAVIOUR, n) for n in policy_keys(info)]
+    stat_keys = [(BEHAVIOUR, n) for n in policy_keys(info.discrete)]
     stats = TensorDictModule(policy_head, in_keys=["core"], out_keys=stat_keys)
     sampler = TensorDictModule(BehaviourSampler(info.discrete), in_keys=stat_keys, out_keys=["action", (BEHAVIOUR, "log_prob")])
     return TensorDictSequential(*torso.module, stats, sampler)
-
-
-def policy_distribution(info: EnvInfo, stats: dict[str, torch.Tensor]) -> torch.distributions.Distribution:
-    """The policy's distribution from its statistics (the same family the acting policy samples from)."""
-    if info.discrete:
-        return torch.distributions.Categorical(logits=stats["logits"])
-    return IndependentNormal(stats["loc"], stats["scale"])
 
 
 def learning_module(torso: Torso, *heads: TensorDictModuleBase) -> TensorDictSequential:

@@ -38,11 +38,10 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Storage, TensorDictReplayBuffer
 
 from acer_torchrl._torchrl_compat import set_write_position, stored_tensordict
+from acer_torchrl.objectives.names import MASK_KEY, SLOT_KEY
 from acer_torchrl.validation import ConfigError
 
 TRAJ_KEY = ("collector", "traj_ids")
-SLOT_KEY = "slot"  # storage slot of every sampled step
-MASK_KEY = "mask"  # False on padding steps past the end of a sequence's episode
 STEP_KEY = "step_count"  # the env's step counter (TorchRL's StepCounter): finds steps the collectors dropped
 _LINKS = ("episode", "position", "prev", "next", "first", "alive", "end_entry")
 SUCCESSOR_KEYS = ("observation",)  # keys whose ("next", key) is the successor step's key: stored once

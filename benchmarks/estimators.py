@@ -243,7 +243,8 @@ def vtbc_replay(B: int, T: int):
 
     from acer_torchrl.config import load_config
     from acer_torchrl.envs import env_info
-    from acer_torchrl.objectives.vracer import NEXT_VALUE, QRET, RHO, VALUE, VTBC, build
+    from acer_torchrl.algorithms.vracer import build
+    from acer_torchrl.objectives.vracer import NEXT_VALUE, QRET, RHO, VALUE, VTBC
     from acer_torchrl.replay import TRAJ_KEY, EpisodeReplay
 
     cfg = load_config("vracer", ["preset=pendulum"])

@@ -19,7 +19,8 @@ from torch import nn
 from torchrl.objectives import SoftUpdate
 
 from acer_torchrl.config import ConfigError, load_config
-from acer_torchrl.objectives.acer import ACERLoss, SDNAdvantage
+from acer_torchrl.algorithms.acer import SDNAdvantage
+from acer_torchrl.objectives.acer import ACERLoss
 from acer_torchrl.objectives.updaters import FusedSoftUpdate
 from windows import layout, padded_window
 

@@ -10,9 +10,6 @@ padding.
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -89,7 +86,7 @@ def make_loss(discrete: bool = True, **kwargs) -> LASERLoss:
     )
     info = discrete_info() if discrete else gaussian_info()
     kwargs = {"rho_bar": RHO_BAR, "c_bar": C_BAR, "kl_threshold": 0.3, **kwargs}
-    return LASERLoss(net, info, gamma=GAMMA, seq_len=T, **kwargs)
+    return LASERLoss(net, discrete=info.discrete, gamma=GAMMA, seq_len=T, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------- reference
@@ -311,7 +308,7 @@ def test_recurrent_next_state_value_is_exact():
         TensorDictModule(nn.Linear(6, A), in_keys=["core"], out_keys=["logits"]),
         TensorDictModule(value_head, in_keys=["core"], out_keys=["state_value"]),
     )
-    loss = LASERLoss(network, info, gamma=GAMMA, seq_len=T, hidden_keys=torso.hidden_keys)
+    loss = LASERLoss(network, discrete=info.discrete, gamma=GAMMA, seq_len=T, hidden_keys=torso.hidden_keys)
     td = make_batch(A + 1, discrete_stats, seed=4).apply(lambda x: x.float() if x.is_floating_point() else x)
     g = torch.Generator().manual_seed(1)
     h0, c0 = torch.randn(B, 1, 6, generator=g), torch.randn(B, 1, 6, generator=g)  # refreshed start state

@@ -25,7 +25,8 @@ from acer_torchrl.algorithms import Algorithm
 from acer_torchrl.cli import run
 from acer_torchrl.config import ConfigError
 from acer_torchrl.checkpoint import CheckpointError
-from acer_torchrl.modules import acting_policy, learning_module, make_torso, policy_distribution
+from acer_torchrl.modules import acting_policy, learning_module, make_torso
+from acer_torchrl.objectives.common import policy_distribution
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask
 from acer_torchrl.replay import EpisodeReplay
 from planted import plant_pickle
@@ -50,7 +51,7 @@ class ProbeLoss(ReplayLoss):
 
     def forward(self, td):
         out = self.net(td.select(*self.net.in_keys, strict=False).clone())
-        log_pi = policy_distribution(self.info, out).log_prob(td["action"]).unsqueeze(-1)
+        log_pi = policy_distribution(self.info.discrete, out).log_prob(td["action"]).unsqueeze(-1)
         loss = -masked_mean(log_pi * td["next", "reward"], sequence_mask(td))
         return TensorDict({"loss_probe": loss, "batch_rows": torch.tensor(float(td.shape[0]))}, [])
 

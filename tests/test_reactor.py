@@ -12,16 +12,8 @@ from torchrl.modules import set_recurrent_mode
 
 from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.envs import EnvInfo
-from acer_torchrl.objectives.reactor import (
-    ReactorCNN,
-    ReactorLoss,
-    beta_loo_surrogate,
-    build,
-    make_networks,
-    mean_action_gap,
-    target_updater,
-    tislr_surrogate,
-)
+from acer_torchrl.algorithms.reactor import ReactorCNN, build, make_networks, target_updater
+from acer_torchrl.objectives.reactor import ReactorLoss, beta_loo_surrogate, mean_action_gap, tislr_surrogate
 
 A = 3  # actions
 OBS = 4

@@ -15,9 +15,10 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 from torchrl.modules import set_recurrent_mode
+from torchrl.modules.distributions import IndependentNormal
 from torchrl.objectives import LossModule
 
-from acer_torchrl.replay import MASK_KEY
+from acer_torchrl.objectives.names import MASK_KEY
 
 
 class ReplayLoss(LossModule):
@@ -62,6 +63,18 @@ class ReplayLoss(LossModule):
     def lr_scale(self) -> float:
         """Multiplier of ``optim.lr`` for the next optimiser step (annealing, e.g. ReF-ER eq. 13)."""
         return 1.0
+
+
+def policy_keys(discrete: bool) -> list[str]:
+    """Names of the distribution statistics phi (ACER sec. 3.3): logits, or loc and scale."""
+    return ["logits"] if discrete else ["loc", "scale"]
+
+
+def policy_distribution(discrete: bool, stats: dict[str, torch.Tensor]) -> torch.distributions.Distribution:
+    """The policy's distribution from its statistics (the same family the acting policy samples from)."""
+    if discrete:
+        return torch.distributions.Categorical(logits=stats["logits"])
+    return IndependentNormal(stats["loc"], stats["scale"])
 
 
 def poisson_plan(rng: np.random.Generator, replay_ratio: float, on_policy_first: bool) -> list[float]:

@@ -49,34 +49,22 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
-from torch import nn
 
-from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import Algorithm
-from acer_torchrl.config import Config, ConfigError
-from acer_torchrl.envs import EnvInfo
-from acer_torchrl.modules import (
-    BEHAVIOUR,
-    GaussianHead,
-    acting_policy,
-    learning_module,
-    make_torso,
-    policy_distribution,
-    policy_keys,
-)
 from acer_torchrl.objectives.common import (
     ReplayLoss,
     close_segments_at_padding,
     masked_mean,
     next_state_values,
     observation_keys,
+    policy_distribution,
+    policy_keys,
     sequence_mask,
     trace_cut,
 )
 from acer_torchrl.objectives.functional import implied_policy_kl, vtrace
-from acer_torchrl.settings.laser import DEFAULT_PRESET, PRESETS, LASERConfig
+from acer_torchrl.objectives.names import BEHAVIOUR
 
 
 class LASERLoss(ReplayLoss):
@@ -97,7 +85,7 @@ class LASERLoss(ReplayLoss):
     Args:
         network: learning module reading a step (``observation``, recurrent state, ``is_init``) and
             writing the policy statistics (:func:`~acer_torchrl.modules.policy_keys`) and ``state_value``.
-        info: the environment's :class:`~acer_torchrl.envs.EnvInfo` (action space family).
+        discrete: a categorical policy over logits (True) or a diagonal Gaussian (``loc``, ``scale``).
         gamma: discount.
         seq_len: steps per sequence.
         hidden_keys: recurrent state keys written by ``network`` under ``("next", key)`` (empty when
@@ -132,8 +120,8 @@ class LASERLoss(ReplayLoss):
     def __init__(
         self,
         network: TensorDictModuleBase,
-        info: EnvInfo,
         *,
+        discrete: bool,
         gamma: float,
         seq_len: int,
         hidden_keys: list[str] | tuple[str, ...] = (),
@@ -149,7 +137,7 @@ class LASERLoss(ReplayLoss):
     ):
         super().__init__()
         self.network = network
-        self.info = info
+        self.discrete = discrete
         self.gamma = gamma
         self.seq_len = seq_len
         self.hidden_keys = list(hidden_keys)
@@ -162,7 +150,7 @@ class LASERLoss(ReplayLoss):
         self.kl_samples = kl_samples
         self.value_coef = value_coef
         self.entropy_coef = entropy_coef
-        self.stat_names = policy_keys(info)
+        self.stat_names = policy_keys(discrete)
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         """No value estimator object: V-trace is called functionally in :meth:`forward`."""
@@ -220,9 +208,9 @@ class LASERLoss(ReplayLoss):
         which is ``E_pi[log pi/pi~_mu]`` with ``pi~_mu = min(rho_bar mu, pi) / E_pi[w]``. It is 0 when
         ``pi == mu`` (``rho_bar >= 1``) and depends on the state only, not on the action taken.
         """
-        pi = policy_distribution(self.info, {n: pi_stats.get(n) for n in self.stat_names})
-        mu = policy_distribution(self.info, {n: mu_stats.get(n) for n in self.stat_names})
-        if self.info.discrete:
+        pi = policy_distribution(self.discrete, {n: pi_stats.get(n) for n in self.stat_names})
+        mu = policy_distribution(self.discrete, {n: mu_stats.get(n) for n in self.stat_names})
+        if self.discrete:
             return implied_policy_kl(pi.logits, mu.logits, self.rho_bar)
         draws = pi.sample((self.kl_samples,))
         log_w = (mu.log_prob(draws) - pi.log_prob(draws)).movedim(0, -1)  # [B, T, K]
@@ -242,9 +230,9 @@ class LASERLoss(ReplayLoss):
 
         out = self._unroll(td, mask)
         pi_stats = out.select(*self.stat_names)
-        pi = policy_distribution(self.info, {n: pi_stats.get(n) for n in self.stat_names})
+        pi = policy_distribution(self.discrete, {n: pi_stats.get(n) for n in self.stat_names})
         action = td.get(keys.action)
-        log_pi = pi.log_prob(action.reshape(td.shape) if self.info.discrete else action).reshape(shape)
+        log_pi = pi.log_prob(action.reshape(td.shape) if self.discrete else action).reshape(shape)
         value = out.get(keys.value)
 
         with torch.no_grad():
@@ -281,43 +269,3 @@ class LASERLoss(ReplayLoss):
                 },
                 batch_size=[],
             )
-
-
-# ---------------------------------------------------------------------------------------------- build
-
-
-def build(cfg: Config, info: EnvInfo) -> Agent:
-    """One network with a shared torso, a policy head and a value head (IMPALA's agent, sec. 5.1)."""
-    net, algo = cfg.network, cfg.algo
-    torso = make_torso(info, net.hidden, net.activation, net.lstm_hidden if net.lstm else None)
-    names = policy_keys(info)
-    if info.discrete:
-        head: nn.Module = nn.Linear(torso.out_dim, info.num_actions)
-    else:
-        head = GaussianHead(torso.out_dim, info.action_dim, algo.init_std, algo.learn_std)
-    value_head = nn.Linear(torso.out_dim, 1)
-    network = learning_module(
-        torso,
-        TensorDictModule(head, in_keys=["core"], out_keys=names),
-        TensorDictModule(value_head, in_keys=["core"], out_keys=["state_value"]),
-    )
-    loss = LASERLoss(
-        network,
-        info,
-        gamma=cfg.gamma,
-        seq_len=cfg.replay.seq_len,
-        hidden_keys=torso.hidden_keys,
-        online_share=algo.online_share,
-        updates_per_batch=algo.updates_per_batch,
-        rho_bar=algo.rho_bar,
-        c_bar=algo.c_bar,
-        trust_region=algo.trust_region,
-        kl_threshold=algo.kl_threshold,
-        kl_samples=algo.kl_samples,
-        value_coef=algo.value_coef,
-        entropy_coef=algo.entropy_coef,
-    )
-    return Agent(loss=loss, policy=acting_policy(torso, head, info), torsos=[torso])
-
-
-ALGORITHM = Algorithm("laser", LASERConfig, build, PRESETS, default_preset=DEFAULT_PRESET)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -44,19 +45,11 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from tensordict.utils import NestedKey
 from torch import distributions as D
 from torch import nn
-from torchrl.envs.utils import ExplorationType
-from torchrl.modules import ProbabilisticActor
 
-from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import Algorithm
-from acer_torchrl.config import Config, ConfigError
-from acer_torchrl.envs import EnvInfo
-from acer_torchrl.modules import BEHAVIOUR, GaussianHead, MLPEncoder, learning_module, make_torso
 from acer_torchrl.objectives.affine_tree import AffineSuffixTree
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask
+from acer_torchrl.objectives.names import BEHAVIOUR, SLOT_KEY
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
-from acer_torchrl.replay import SLOT_KEY, EpisodeReplay
-from acer_torchrl.settings.vracer import DEFAULT_PRESET, PRESETS, VRACERConfig
 
 STORED = "vracer"  # root of the per-step estimates kept in the replay
 VALUE, RHO, NEXT_VALUE, VTBC, QRET = "value", "rho", "next_value", "vtbc", "qret"  # the last two: computed when sampled
@@ -87,63 +80,6 @@ class Standardize(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return (obs - self.loc) / (self.scale + self.eps)
-
-
-class StandardizedMLP(nn.Sequential):
-    """App. A's MLP (2x128 Softsign) behind the state standardisation; ``out_dim`` for ``make_torso``."""
-
-    def __init__(self, obs_dim: int, hidden: list[int], act: str, eps: float = 1e-7):
-        mlp = MLPEncoder(obs_dim, hidden, act)
-        super().__init__(Standardize(obs_dim, eps), mlp)
-        self.out_dim = mlp.out_dim
-        for layer in mlp:
-            if isinstance(layer, nn.Linear):  # Glorot & Bengio uniform (App. A)
-                nn.init.xavier_uniform_(layer.weight)
-                nn.init.zeros_(layer.bias)
-
-    @property
-    def standardize(self) -> Standardize:
-        return self[0]
-
-
-def _small_init(layer: nn.Linear) -> None:
-    """App. A output layer: ``U[-0.1 / sqrt(f_i), 0.1 / sqrt(f_i)]`` (near-zero outputs at the start)."""
-    bound = 0.1 / math.sqrt(layer.in_features)
-    nn.init.uniform_(layer.weight, -bound, bound)
-    nn.init.zeros_(layer.bias)
-
-
-class VRACERHead(nn.Module):
-    """The linear outputs of V-RACER's single network (sec. 2, App. A): ``V(s)``, the Gaussian mean and
-    the state-independent std (Softplus of a parameter, initialised to ``init_std``).
-
-    Mean and std live in [-1, 1] action units and are mapped linearly to the env's bounds,
-    ``a' = c + a (high - low) / 2`` (App. B), so stored behaviour statistics and actions are in env units.
-    """
-
-    def __init__(self, in_dim: int, low: torch.Tensor, high: torch.Tensor, init_std: float):
-        super().__init__()
-        self.value = nn.Linear(in_dim, 1)
-        self.policy = GaussianHead(in_dim, low.numel(), init_std, learn_std=True)
-        _small_init(self.value)
-        _small_init(self.policy.loc)
-        self.register_buffer("center", (high + low) / 2)
-        self.register_buffer("half_range", (high - low) / 2)
-
-    def forward(self, core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        loc, std = self.policy(core)
-        return self.value(core), self.center + self.half_range * loc, self.half_range * std
-
-
-class _PolicyStats(nn.Module):
-    """The head's policy outputs only (the acting policy records ``mu``, not ``V``)."""
-
-    def __init__(self, head: VRACERHead):
-        super().__init__()
-        self.head = head
-
-    def forward(self, core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.head(core)[1:]
 
 
 class TruncatedGaussian(D.Independent):
@@ -188,7 +124,27 @@ class TruncatedGaussian(D.Independent):
 # ---------------------------------------------------------------------------------------------- replay layout
 
 
-def _gather(replay: EpisodeReplay, key: NestedKey, slots: torch.Tensor) -> torch.Tensor:
+class EpisodeStore(Protocol):
+    """What V-RACER's hooks read and write in the replay (:class:`~acer_torchrl.replay.EpisodeReplay` is one):
+    per-slot episode links and the stored columns the eq. 8 estimates are computed from."""
+
+    capacity: int
+    steps_written: int  # steps ever written: changes whenever the replay is extended
+    alive: torch.Tensor  # bool [capacity]: the slot holds a sampleable step
+    episode: torch.Tensor  # int64 [capacity]: episode id of the slot
+    position: torch.Tensor  # int64 [capacity]: step index of the slot inside its episode
+    next: torch.Tensor  # int64 [capacity]: slot of the episode's next step, -1 at its last stored step
+
+    def alive_slots(self) -> torch.Tensor: ...
+
+    def gather(self, idx: torch.Tensor, keys: list[NestedKey] | None = None) -> TensorDictBase: ...
+
+    def column(self, key: NestedKey, alive_only: bool = True) -> torch.Tensor: ...
+
+    def update(self, slots: torch.Tensor, values: TensorDictBase) -> None: ...
+
+
+def _gather(replay: EpisodeStore, key: NestedKey, slots: torch.Tensor) -> torch.Tensor:
     """The stored one-value-per-step ``key`` at ``slots`` (any shape), ``[*slots.shape, 1]``
     (``index_select``: ~10x faster than advanced indexing on CPU)."""
     values = replay.column(key, alive_only=False)
@@ -196,7 +152,7 @@ def _gather(replay: EpisodeReplay, key: NestedKey, slots: torch.Tensor) -> torch
 
 
 class EpisodeOrder:
-    """The alive slots of an :class:`~acer_torchrl.replay.EpisodeReplay` sorted by (episode, position), and
+    """The alive slots of an :class:`EpisodeStore` sorted by (episode, position), and
     each slot's index in that order (``rank``; -1 when not alive).
 
     Every alive episode is stored whole from its first step (whole-episode eviction), so its steps are one
@@ -204,7 +160,7 @@ class EpisodeOrder:
     the next entry. Valid until the replay is extended (:attr:`steps_written`).
     """
 
-    def __init__(self, replay: EpisodeReplay):
+    def __init__(self, replay: EpisodeStore):
         self.replay = replay
         self.steps_written = replay.steps_written
         alive = replay.alive.nonzero().squeeze(-1)
@@ -213,7 +169,7 @@ class EpisodeOrder:
         self.rank = torch.full((replay.capacity,), -1, dtype=torch.long)
         self.rank[self.slots] = torch.arange(self.slots.numel())
 
-    def current(self, replay: EpisodeReplay) -> bool:
+    def current(self, replay: EpisodeStore) -> bool:
         return self.replay is replay and self.steps_written == replay.steps_written
 
 
@@ -429,14 +385,14 @@ class VRACERLoss(ReplayLoss):
         """``eta(t) / eta`` of eq. 13."""
         return self.refer.lr_scale
 
-    def after_extend(self, batch: TensorDictBase, slots: torch.Tensor, replay: EpisodeReplay) -> None:
+    def after_extend(self, batch: TensorDictBase, slots: torch.Tensor, replay: EpisodeStore) -> None:
         """Once ``n_start`` steps are stored, fit the state and reward statistics and recompute every
         stored value (Algorithm 1). (``V^tbc`` of the new steps' episodes follows from the stored values
         when their steps are sampled: :meth:`estimates`.)"""
         if not bool(self.fitted) and len(replay) >= self.n_start:
             self._fit(replay)
 
-    def before_update(self, sample: TensorDictBase, replay: EpisodeReplay) -> TensorDictBase:
+    def before_update(self, sample: TensorDictBase, replay: EpisodeStore) -> TensorDictBase:
         """Adds the sampled steps' ``V^tbc`` and ``Q^ret`` (:meth:`estimates`) under the stored root."""
         slots = sample.get(SLOT_KEY).reshape(-1).cpu()
         v_tbc, q_ret = self.estimates(replay, slots)
@@ -444,7 +400,7 @@ class VRACERLoss(ReplayLoss):
         sample.set(self._stored(QRET), q_ret.reshape(*sample.shape, 1).to(sample.device))
         return sample
 
-    def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay: EpisodeReplay) -> None:
+    def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay: EpisodeStore) -> None:
         """Algorithm 3's write-back, the ``sigma_r`` refresh (Algorithm 1) and ReF-ER's ``beta`` (eq. 12).
 
         The sampled steps get the fresh ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` of this update (the last
@@ -469,7 +425,7 @@ class VRACERLoss(ReplayLoss):
     def _as_stored(self, values: TensorDictBase) -> TensorDictBase:
         return TensorDict({self.tensor_keys.stored: values}, batch_size=values.batch_size)
 
-    def _eq8_terms(self, replay: EpisodeReplay, slots: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _eq8_terms(self, replay: EpisodeStore, slots: torch.Tensor) -> dict[str, torch.Tensor]:
         """What eq. 8 reads at ``slots``, each ``[k, 1]``: the stored ``V`` and ``rhō = min(1, rho)``, the
         reward scaled by ``sigma_r`` (App. B), whether the step is its episode's last stored one, and the
         bootstrap there (0 when terminal, else the stored ``V(s_{k+1})``)."""
@@ -491,7 +447,7 @@ class VRACERLoss(ReplayLoss):
         b = (1.0 - rho_bar) * terms["value"] + rho_bar * q_end
         return a.squeeze(-1), b.squeeze(-1)
 
-    def _stored_recursion(self, replay: EpisodeReplay) -> tuple[EpisodeOrder, AffineSuffixTree]:
+    def _stored_recursion(self, replay: EpisodeStore) -> tuple[EpisodeOrder, AffineSuffixTree]:
         """Eq. 8's maps of every alive step in episode order, in a segment tree; rebuilt when steps were added
         (or all stored values changed) since it was built, and kept current by :meth:`after_update`."""
         if self._recursion is None or not self._recursion[0].current(replay):
@@ -500,7 +456,7 @@ class VRACERLoss(ReplayLoss):
         return self._recursion
 
     @torch.no_grad()
-    def estimates(self, replay: EpisodeReplay, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def estimates(self, replay: EpisodeStore, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``V^tbc_k`` and ``Q^ret_k`` of the stored steps ``slots`` (``[k]``), each ``[k, 1]``.
 
         Eq. 8, ``V^tbc_t = V_t + rhō_t [r_{t+1} + gamma V^tbc_{t+1} - V_t]``, run backwards from the episode's
@@ -518,7 +474,7 @@ class VRACERLoss(ReplayLoss):
         return v_tbc, q_ret
 
     @torch.no_grad()
-    def _fit(self, replay: EpisodeReplay) -> None:
+    def _fit(self, replay: EpisodeStore) -> None:
         """Algorithm 1's preparation: state statistics (eq. 14-15) and ``sigma_r`` (eq. 16) from the stored
         steps, then every stored value recomputed with the standardised network."""
         self.normalizer.fit(replay.column("observation").flatten(1).float())
@@ -528,12 +484,12 @@ class VRACERLoss(ReplayLoss):
         self._recursion = None
         self.fitted.fill_(True)
 
-    def _reward_rms(self, replay: EpisodeReplay) -> torch.Tensor:
+    def _reward_rms(self, replay: EpisodeStore) -> torch.Tensor:
         """``sigma_r = sqrt(mean_t r_{t+1}^2)`` over the stored steps (eq. 16)."""
         return replay.column(("next", self.tensor_keys.reward)).float().pow(2).mean().sqrt()
 
     @torch.no_grad()
-    def _rescale_rewards(self, replay: EpisodeReplay) -> None:
+    def _rescale_rewards(self, replay: EpisodeStore) -> None:
         """Recompute ``sigma_r`` (eq. 16) and convert the stored values to the new reward units."""
         new = float(self._reward_rms(replay))
         factor = (float(self.reward_scale) + self.epsilon) / (new + self.epsilon)
@@ -542,59 +498,3 @@ class VRACERLoss(ReplayLoss):
         replay.update(slots, self._as_stored(TensorDict(values, batch_size=[slots.numel()])))
         self.reward_scale.fill_(new)
         self._recursion = None
-
-
-# ---------------------------------------------------------------------------------------------- build
-
-
-def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float) -> ProbabilisticActor:
-    """The torso and the head's policy outputs writing ``("behaviour", "loc"/"scale")``, then a sampler of
-    the truncated normal writing ``"action"`` and ``("behaviour", "log_prob")`` (Algorithm 2)."""
-    stats = TensorDictModule(_PolicyStats(head), in_keys=["core"], out_keys=[(BEHAVIOUR, "loc"), (BEHAVIOUR, "scale")])
-    return ProbabilisticActor(
-        TensorDictSequential(*network, stats),
-        in_keys={"loc": (BEHAVIOUR, "loc"), "scale": (BEHAVIOUR, "scale")},
-        out_keys=["action"],
-        distribution_class=TruncatedGaussian,
-        distribution_kwargs={"width": width},
-        return_log_prob=True,
-        log_prob_key=(BEHAVIOUR, "log_prob"),
-        default_interaction_type=ExplorationType.RANDOM,
-    )
-
-
-def build(cfg: Config, info: EnvInfo) -> Agent:
-    """One MLP with a value, a mean and a std output (sec. 2, App. A) and the V-RACER loss."""
-    if info.discrete:
-        raise ConfigError(f"loss=vracer needs continuous actions; env.name={cfg.env.name} has discrete ones")
-    if len(info.obs_shape) != 1:
-        raise ConfigError(f"loss=vracer needs vector observations; env.name={cfg.env.name} gives {info.obs_shape}")
-    net, algo = cfg.network, cfg.algo
-    encoder = StandardizedMLP(info.obs_shape[0], net.hidden, net.activation, algo.epsilon)
-    torso = make_torso(info, net.hidden, net.activation, encoder=encoder)
-    low, high = torch.tensor(info.action_low), torch.tensor(info.action_high)
-    head = VRACERHead(torso.out_dim, low, high, algo.init_std)
-    keys = VRACERLoss.default_keys
-    network = learning_module(
-        torso, TensorDictModule(head, in_keys=["core"], out_keys=[keys.value, keys.loc, keys.scale])
-    )
-    loss = VRACERLoss(
-        network,
-        encoder.standardize,
-        gamma=cfg.gamma,
-        n_start=cfg.replay.min_size,
-        lr=cfg.optim.lr,
-        C=algo.C,
-        A=algo.A,
-        D=algo.D,
-        rule1=algo.rule1,
-        rule2=algo.rule2,
-        steps_per_update=algo.steps_per_update,
-        truncation=algo.truncation,
-        reward_scale_interval=algo.reward_scale_interval,
-        epsilon=algo.epsilon,
-    )
-    return Agent(loss=loss, policy=acting_policy(torso.module, head, algo.truncation), torsos=[torso])
-
-
-ALGORITHM = Algorithm("vracer", VRACERConfig, build, PRESETS, default_preset=DEFAULT_PRESET)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from acer_torchrl.config import MAX_WIDTH
+from acer_torchrl.objectives.names import PG_ESTIMATORS
 from acer_torchrl.validation import allowed
 
 DEFAULT_PRESET = "cartpole"
 
-PG_ESTIMATORS = ("beta_loo", "tislr")
 BEHAVIOUR_MODES = ("memorised", "learned")
 
 

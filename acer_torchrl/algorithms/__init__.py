@@ -1,6 +1,9 @@
-"""The loss registry: ``loss=<name>`` picks one of these over the very same collector, replay and trainer.
+"""The algorithm registry: ``loss=<name>`` picks one of these over the very same collector, replay and trainer.
 
-A loss joins with one line below: the module that defines its ``ALGORITHM`` (an :class:`Algorithm`).
+Each algorithm is three files: its loss (``objectives/<name>.py``: torch, tensordict and torchrl only), its
+``<name>.*`` keys and presets (``settings/<name>.py``: no torch, so that ``--help`` prints at once) and, here,
+``algorithms/<name>.py``: its networks and ``build(cfg, env_info) -> Agent``, ending with its ``ALGORITHM``.
+It joins with one line below.
 """
 
 from __future__ import annotations
@@ -9,16 +12,18 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from acer_torchrl.validation import ConfigError
+
 if TYPE_CHECKING:
     from acer_torchrl.agent import Agent
     from acer_torchrl.config import Config
     from acer_torchrl.envs import EnvInfo
 
 REGISTRY: dict[str, str] = {
-    "acer": "acer_torchrl.objectives.acer",
-    "reactor": "acer_torchrl.objectives.reactor",
-    "vracer": "acer_torchrl.objectives.vracer",
-    "laser": "acer_torchrl.objectives.laser",
+    "acer": "acer_torchrl.algorithms.acer",
+    "reactor": "acer_torchrl.algorithms.reactor",
+    "vracer": "acer_torchrl.algorithms.vracer",
+    "laser": "acer_torchrl.algorithms.laser",
 }
 
 
@@ -38,8 +43,6 @@ class Algorithm:
 
 
 def get_algorithm(name: str) -> Algorithm:
-    from acer_torchrl.config import ConfigError
-
     if name not in REGISTRY:
         raise ConfigError(f"unknown loss '{name}'; choose one of {', '.join(REGISTRY)}")
     module = importlib.import_module(REGISTRY[name])

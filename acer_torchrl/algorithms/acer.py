@@ -1,0 +1,79 @@
+"""ACER (Wang et al. 2017) for the pipeline: its networks and :func:`build` (config -> :class:`Agent`).
+
+The loss is :class:`acer_torchrl.objectives.acer.ACERLoss`; the ``acer.*`` keys and presets are in
+:mod:`acer_torchrl.settings.acer` (no torch there, so ``--help`` prints at once).
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from acer_torchrl.agent import Agent
+from acer_torchrl.algorithms import Algorithm
+from acer_torchrl.config import Config
+from acer_torchrl.envs import EnvInfo
+from acer_torchrl.modules import GaussianHead, MLPEncoder, acting_policy, learning_module, make_torso
+from acer_torchrl.objectives.acer import ACERLoss
+from acer_torchrl.objectives.common import policy_keys
+from acer_torchrl.objectives.updaters import FusedSoftUpdate
+from acer_torchrl.settings.acer import DEFAULT_PRESET, PRESETS, ACERConfig
+
+
+class SDNAdvantage(nn.Module):
+    """The advantage stream ``A(x, a)`` of the stochastic dueling network (ACER eq. 13): a small MLP on
+    the torso's features and the action ("an additional small network that computes the stochastic A
+    values", sec. 6)."""
+
+    def __init__(self, core_dim: int, action_dim: int, hidden: list[int], act: str = "relu"):
+        super().__init__()
+        self.mlp = MLPEncoder(core_dim + action_dim, hidden, act)
+        self.out = nn.Linear(self.mlp.out_dim, 1)
+
+    def forward(self, core: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        core = core.expand(*action.shape[:-1], core.shape[-1])
+        return self.out(self.mlp(torch.cat([core, action], -1)))
+
+
+def build(cfg: Config, info: EnvInfo) -> Agent:
+    """Networks of ``cfg.network`` on one torso: policy head + Q head (discrete) or Gaussian policy +
+    V head + SDN advantage network (continuous); the loss; the acting policy; the average-policy updater."""
+    a: ACERConfig = cfg.algo
+    net = cfg.network
+    torso = make_torso(info, net.hidden, net.activation, net.lstm_hidden if net.lstm else None)
+    if info.discrete:
+        policy_head = nn.Linear(torso.out_dim, info.num_actions)
+        critic = TensorDictModule(nn.Linear(torso.out_dim, info.num_actions), ["core"], ["action_value"])
+        advantage = None
+        nn.init.orthogonal_(policy_head.weight, gain=0.01)  # start near the uniform policy
+        nn.init.zeros_(policy_head.bias)
+    else:
+        policy_head = GaussianHead(torso.out_dim, info.action_dim, a.init_std, a.learn_std)
+        critic = TensorDictModule(nn.Linear(torso.out_dim, 1), ["core"], ["state_value"])
+        advantage = SDNAdvantage(torso.out_dim, info.action_dim, a.sdn_hidden, net.activation)
+        nn.init.orthogonal_(policy_head.loc.weight, gain=0.01)
+        nn.init.zeros_(policy_head.loc.bias)
+    actor = learning_module(torso, TensorDictModule(policy_head, ["core"], policy_keys(info.discrete)))
+    loss = ACERLoss(
+        actor,
+        critic,
+        advantage,
+        discrete=info.discrete,
+        gamma=cfg.gamma,
+        c=a.c,
+        trust_region=a.trust_region,
+        delta=a.delta,
+        entropy_coef=a.entropy_coef,
+        critic_coef=a.critic_coef,
+        sdn_samples=a.sdn_samples,
+        replay_ratio=a.replay_ratio,
+        on_policy=info.discrete if a.on_policy is None else a.on_policy,
+        seq_len=cfg.replay.seq_len,
+        hidden_keys=torso.hidden_keys,
+    )
+    updaters = [FusedSoftUpdate(loss, eps=a.alpha)] if a.trust_region else []
+    return Agent(loss=loss, policy=acting_policy(torso, policy_head, info), torsos=[torso], updaters=updaters)
+
+
+ALGORITHM = Algorithm("acer", ACERConfig, build, PRESETS, default_preset=DEFAULT_PRESET)
