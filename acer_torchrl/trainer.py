@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,7 +113,9 @@ class Trainer:
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard)
         self.health = Health(self.loss.value_keys)
-        self.evaluator: BackgroundEvaluator | InlineEvaluator | None = None  # while train() runs
+        self.evaluator: BackgroundEvaluator | InlineEvaluator | None = None  # from start() to close()
+        self._collector = None  # from start() to stop_collecting()
+        self._bar = None  # the progress bar, while the clock runs
         self._awaiting: deque = deque()  # rows waiting for their evaluation: (env_steps, updates, wall_s, metrics)
         if cfg.resume:
             self._resume()
@@ -250,13 +253,45 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> dict:
-        remaining = self.cfg.total_frames - self.counters.env_steps
-        self.evaluator = self.make_evaluator()
+        """The whole run (or what is left of it): :meth:`start`, :meth:`step` on every batch, :meth:`finish`."""
         try:
-            if remaining > 0:
-                self._collect_and_learn(remaining)
+            with self.stopping_on_signals():
+                for batch in self.start():
+                    if self.step(batch):
+                        break
+                    if self.stop_signal is not None:
+                        self.checkpoint()
+                        raise Interrupted(self.stop_signal, self.counters.env_steps, self.cfg.loss, self.run_dir)
+            self.stop_collecting()
             return self.finish()
         finally:
+            self.close()
+
+    # ------------------------------------------------------------------ the step API (train(), or a driver of several runs)
+    def start(self) -> Iterator[TensorDictBase]:
+        """Open the run for stepping: the greedy evaluator, a collector for the steps still to take, the clock.
+        Returns the collector's batches (none when the run is complete): hand each to :meth:`step` until it
+        returns True, then :meth:`stop_collecting`, :meth:`finish` (final evaluation, summary) and, in any
+        case, :meth:`close`. A shared-replay sweep drives its agents' trainers this way, a batch each in turn."""
+        remaining = self.cfg.total_frames - self.counters.env_steps
+        self.evaluator = self.make_evaluator()
+        self._collector = self.make_collector(remaining) if remaining > 0 else None
+        self._start_clock()
+        return iter(self._collector) if self._collector is not None else iter(())
+
+    def stop_collecting(self) -> None:
+        """Stop the clock and shut the collector down (the evaluator stays open for :meth:`finish`)."""
+        if self._bar is not None:
+            self._stop_clock()
+        if self._collector is not None:
+            with contextlib.suppress(Exception):
+                self._collector.shutdown()
+            self._collector = None
+
+    def close(self) -> None:
+        """Release what :meth:`start` opened (collector, evaluator); safe to call more than once."""
+        self.stop_collecting()
+        if self.evaluator is not None:
             self.evaluator.close()
             self.evaluator = None
 
@@ -288,7 +323,7 @@ class Trainer:
     def _named_on_bar(self, waiting: bool):
         """The progress bar says an evaluation holds the learner up while it does: the one at 100 % (the final
         score's last) comes after the bar is full and takes minutes on Atari."""
-        bar = getattr(self, "_bar", None)
+        bar = self._bar
         if not waiting or bar is None:
             yield
             return
@@ -345,22 +380,6 @@ class Trainer:
         plot_learning_curve(self.log, self.run_dir / "learning_curve.png", f"{cfg.loss} on {cfg.env.name}")
         return summary
 
-    def _collect_and_learn(self, remaining: int) -> None:
-        collector = self.make_collector(remaining)
-        self.start_clock()
-        try:
-            with self.stopping_on_signals():
-                for batch in collector:
-                    if self.on_batch(batch, collector):
-                        break
-                    if self.stop_signal is not None:
-                        self.checkpoint()
-                        raise Interrupted(self.stop_signal, self.counters.env_steps, self.cfg.loss, self.run_dir)
-        finally:
-            self.stop_clock()
-            with contextlib.suppress(Exception):
-                collector.shutdown()
-
     @contextlib.contextmanager
     def stopping_on_signals(self):
         """With ``stop_signals`` (the recipe command line), SIGINT / SIGTERM set :attr:`stop_signal`: the loop
@@ -401,20 +420,21 @@ class Trainer:
             seed=cfg.seed + c.restarts,
         )
 
-    def start_clock(self) -> None:
-        """Start the wall clock, progress bar and metric window of a collection phase (before :meth:`on_batch`)."""
+    def _start_clock(self) -> None:
+        """Start the wall clock, progress bar and metric window of a collection phase (before :meth:`step`)."""
         c = self.counters
         self._bar = tqdm(total=self.cfg.total_frames, initial=c.env_steps, disable=not self.cfg.log.progress, unit="step")
         self._window: dict[str, list[float]] = {}
         self._returns: list[float] = []
         self._start = time.perf_counter() - c.wall_time_s
 
-    def stop_clock(self) -> None:
+    def _stop_clock(self) -> None:
         self._bar.close()
+        self._bar = None
         self.counters.wall_time_s = time.perf_counter() - self._start
 
-    def on_batch(self, batch: TensorDictBase, collector) -> bool:
-        """One collected batch: store it, take the loss's planned updates, push the weights to ``collector``,
+    def step(self, batch: TensorDictBase) -> bool:
+        """One collected batch: store it, take the loss's planned updates, push the weights to the collector,
         evaluate / log / checkpoint when due. Returns True once ``total_frames`` steps were collected."""
         cfg, c = self.cfg, self.counters
         window, returns = self._window, self._returns
@@ -435,7 +455,7 @@ class Trainer:
             for key, value in self.update(sample).items():
                 window.setdefault(key, []).append(value)
         self.sync_acting_policy()
-        collector.update_policy_weights_()
+        self._collector.update_policy_weights_()
         c.wall_time_s = time.perf_counter() - self._start
         self._bar.update(steps)
         metrics = {k: float(np.mean(v)) for k, v in window.items()}

@@ -126,7 +126,7 @@ def test_only_the_owner_persists_the_shared_replay_every_agent_its_sample_counts
 def test_an_agent_process_waits_for_every_agents_first_experience(monkeypatch):
     """Agent processes start at different speeds: the first update from replay waits until each agent stored
     data (else a fast agent's short run learns from its own data only), and says which agent never came."""
-    import acer_torchrl.shared_replay as sr
+    import acer_torchrl.shared_replay.sweep as sr
 
     shared = SharedReplay(EpisodeReplay(1000, seed=0), n_agents=2)
     handles = [AgentReplay(shared, i, 2, owner=i == 0) for i in range(2)]

@@ -1,26 +1,6 @@
-"""Shared experience replay across a hyper-parameter sweep (LASER, Schmitt et al. 2020, sec. 5.4-5.5).
-
-N agents with different hyper-parameters (learning rate x entropy cost, sec. 5.1) train concurrently from
-scratch. Each writes its experience, tagged with its agent id and carrying its own behaviour statistics
-(written by its acting policy), into **one** common :class:`~acer_torchrl.replay.EpisodeReplay`, and every
-agent samples uniformly from all of it; LASER's trust region (sec. 4) rejects the steps of behaviours too far
-from the learner's policy. Each agent refreshes the recurrent state of what it samples with its *own*
-network (App. A.2: "particularly critical when sharing experience between different agents").
-
-Two ways to run a sweep, with the same per-agent :class:`~acer_torchrl.trainer.Trainer` pieces:
-
-* :func:`run_sweep` (one process): the agents' losses and optimisers step in turn in one process, each with
-  its own collector; one batch per agent per round, so they run "at identical speed" (sec. 5.1).
-* :func:`run_sweep_rank` (one process per agent: ``mode=processes`` on one machine, or one SLURM task per
-  agent through :class:`SweepTask`): rank 0 owns the replay storage and serves it with
-  ``torch.distributed.rpc`` (TensorPipe); the other ranks ``extend``/``sample`` through remote calls
-  (:class:`RemoteReplay`). A gloo process group gathers the results at the end.
-
-Why an RPC storage server rather than all-gathering new data into a replica on every rank: the sweep must
-hold one replay, not N (sec. 5.5: sharing "saves memory"), and agents may run at different speeds across
-machines; collectives would force lock-step and N copies. The price is one round trip per extend/sample
-(about 1 ms on one machine) and rank 0's RPC threads doing the replay's bookkeeping under a lock.
-"""
+"""The sweep driver (LASER sec. 5.1, 5.4): its keys (:class:`SweepConfig`), one config per agent, the agents'
+trainers stepped in one process (:func:`run_sweep`) or one process per agent around rank 0's replay server
+(:func:`run_sweep_rank`, :class:`SweepTask` under SLURM), and the sweep's results table and plot."""
 
 from __future__ import annotations
 
@@ -28,7 +8,6 @@ import copy
 import csv
 import json
 import os
-import threading
 import time
 import typing
 from dataclasses import asdict, dataclass, field, fields
@@ -37,205 +16,14 @@ from typing import Any
 
 import submitit
 import torch
-from tensordict import NestedKey, TensorDictBase
-from tensordict.nn import TensorDictModuleBase
+from tensordict import TensorDictBase
 
 from acer_torchrl.config import Config, ConfigError, _coerce, dump_yaml, load_config, parse_overrides
-from acer_torchrl.replay import SLOT_KEY, TRAJ_KEY, EpisodeReplay, refresh_from_prefix
+from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.rundir import make_writable_dir
 from acer_torchrl.trainer import Trainer
 from acer_torchrl.validation import allowed, check_allowed
-
-SAMPLED_FILE = "sampled_by_agent.json"  # an agent's replayed-step counts per source agent, in its checkpoint
-AGENT_KEY = "agent_id"  # int64 [..., 1]: the sweep agent whose behaviour policy produced the step
-
-
-def tag_agent(batch: TensorDictBase, agent_id: int, n_agents: int) -> TensorDictBase:
-    """A shallow copy of ``batch`` with ``agent_id`` in every step and trajectory ids made unique across the
-    agents (``traj * n_agents + agent_id``: every agent's collector numbers its trajectories from 0)."""
-    tagged = batch.copy()
-    tagged.set(AGENT_KEY, torch.full((*batch.shape, 1), agent_id, dtype=torch.int64))
-    tagged.set(TRAJ_KEY, batch.get(TRAJ_KEY) * n_agents + agent_id)
-    return tagged
-
-
-class SharedReplay:
-    """One :class:`EpisodeReplay` for the agents of a sweep, safe to call from several threads (the RPC
-    server threads and the owner's own learner).
-
-    Args:
-        replay: the storage (its capacity is the sweep's, not per agent).
-        n_agents: agents writing into it.
-    """
-
-    def __init__(self, replay: EpisodeReplay, n_agents: int):
-        self.replay = replay
-        self.n_agents = n_agents
-        self.lock = threading.Lock()
-
-    def extend(self, batch: TensorDictBase, agent_id: int) -> torch.Tensor:
-        if not 0 <= agent_id < self.n_agents:
-            raise ValueError(f"agent_id {agent_id} is not one of the sweep's {self.n_agents} agents")
-        tagged = tag_agent(batch, agent_id, self.n_agents)
-        with self.lock:
-            return self.replay.extend(tagged)
-
-    def size(self) -> int:
-        with self.lock:
-            return len(self.replay)
-
-    def sample_sequences(self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
-        with self.lock:
-            return self.replay.sample_sequences(batch_size, seq_len, keys)
-
-    def sample_steps(self, batch_size: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
-        with self.lock:
-            return self.replay.sample_steps(batch_size, keys)
-
-    def recurrent_prefix(self, starts: torch.Tensor, hidden_keys: list[str]):
-        with self.lock:
-            return self.replay.recurrent_prefix(starts, hidden_keys)
-
-    def update(self, slots: torch.Tensor, values: TensorDictBase) -> None:
-        with self.lock:
-            self.replay.update(slots, values)
-
-    def column(self, key, alive_only: bool = True) -> torch.Tensor:
-        with self.lock:
-            return self.replay.column(key, alive_only).clone()
-
-    def missing(self) -> int:
-        """Env steps the agents' collectors dropped (:attr:`EpisodeReplay.steps_missing`, all agents)."""
-        with self.lock:
-            return self.replay.steps_missing
-
-    def agent_counts(self) -> list[int]:
-        """Stored (alive) steps per agent."""
-        with self.lock:
-            if len(self.replay) == 0:
-                return [0] * self.n_agents
-            ids = self.replay.column(AGENT_KEY).reshape(-1)
-        return torch.bincount(ids, minlength=self.n_agents).tolist()
-
-    def save(self, path: Path) -> None:
-        with self.lock:
-            self.replay.save(Path(path))
-
-    def load(self, path: Path) -> None:
-        with self.lock:
-            self.replay.load(Path(path))
-
-
-# ---------------------------------------------------------------------------------------------- RPC
-_SERVED: SharedReplay | None = None  # the replay rank 0 serves
-_REMOTE_METHODS = frozenset(
-    {"extend", "size", "missing", "sample_sequences", "sample_steps", "recurrent_prefix", "update", "column", "agent_counts"}
-)
-
-
-def serve(replay: SharedReplay | None) -> None:
-    """Make ``replay`` the one this process serves to :class:`RemoteReplay` clients (``None`` stops)."""
-    global _SERVED
-    _SERVED = replay
-
-
-def _call_served(method: str, *args):
-    """Runs on the owner, in an RPC server thread."""
-    if _SERVED is None or method not in _REMOTE_METHODS:
-        raise RuntimeError(f"no shared replay served here for {method!r}")
-    return getattr(_SERVED, method)(*args)
-
-
-class RemoteReplay:
-    """Client stub of a :class:`SharedReplay` served by the RPC worker ``owner`` (same methods)."""
-
-    def __init__(self, owner: str):
-        self.owner = owner
-
-    def __getattr__(self, method: str):
-        if method not in _REMOTE_METHODS:
-            raise AttributeError(method)
-        from torch.distributed import rpc
-
-        return lambda *args: rpc.rpc_sync(self.owner, _call_served, args=(method, *args))
-
-
-# ---------------------------------------------------------------------------------------------- agent view
-class AgentReplay:
-    """One agent's handle on the sweep's shared replay, with the interface the trainer uses.
-
-    Writes are tagged with the agent's id; samples come uniformly from everyone's data. The recurrent state
-    is refreshed with this agent's network (App. A.2): the owner sends the episode prefixes, the network
-    runs here. Only the owner's handle (``owner=True``) persists the replay in checkpoints, so the sweep
-    saves one replay, not N. ``sampled`` counts the replayed steps drawn from each agent.
-    """
-
-    def __init__(self, shared: SharedReplay | RemoteReplay, agent_id: int, n_agents: int, owner: bool):
-        self.shared = shared
-        self.agent_id = agent_id
-        self.owner = owner
-        self.sampled = torch.zeros(n_agents, dtype=torch.long)
-
-    def extend(self, batch: TensorDictBase) -> torch.Tensor:
-        return self.shared.extend(batch, self.agent_id)
-
-    def __len__(self) -> int:
-        return self.shared.size()
-
-    @property
-    def steps_missing(self) -> int:
-        return self.shared.missing()
-
-    def _count(self, sample: TensorDictBase) -> TensorDictBase:
-        ids = sample.get(AGENT_KEY)
-        real = sample.get("mask", torch.ones(ids.shape[:-1], dtype=torch.bool))
-        self.sampled += torch.bincount(ids[real].reshape(-1), minlength=self.sampled.numel())
-        return sample
-
-    def sample_sequences(self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
-        return self._count(self.shared.sample_sequences(batch_size, seq_len, self._with_agent(keys)))
-
-    def sample_steps(self, batch_size: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
-        return self._count(self.shared.sample_steps(batch_size, self._with_agent(keys)))
-
-    @staticmethod
-    def _with_agent(keys: list[NestedKey] | None) -> list[NestedKey] | None:
-        """``keys`` and the collecting agent's id (counted per sample), or None (every key)."""
-        return keys if keys is None else [*keys, AGENT_KEY]
-
-    def refresh_recurrent_state(
-        self, sample: TensorDictBase, unroll: TensorDictModuleBase, hidden_keys: list[str]
-    ) -> None:
-        prefix, k = self.shared.recurrent_prefix(sample.get(SLOT_KEY)[:, 0], hidden_keys)
-        refresh_from_prefix(sample, prefix, k, unroll, hidden_keys)
-
-    def zero_recurrent_state(self, sample: TensorDictBase, hidden_keys: list[str]) -> None:
-        for key in hidden_keys:
-            sample.get(key)[:, 0] = 0.0
-
-    def update(self, slots: torch.Tensor, values: TensorDictBase) -> None:
-        self.shared.update(slots, values)
-
-    def column(self, key, alive_only: bool = True) -> torch.Tensor:
-        return self.shared.column(key, alive_only)
-
-    def save(self, path: Path) -> None:
-        """The shared replay (owner only) and this agent's ``sampled`` counts (every agent)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        if self.owner:
-            self.shared.save(path)
-        else:
-            (path / "shared.json").write_text(json.dumps({"agent_id": self.agent_id, "stored_by": "agent 0"}))
-        (path / SAMPLED_FILE).write_text(json.dumps(self.sampled.tolist()))
-
-    def load(self, path: Path) -> None:
-        path = Path(path)
-        if self.owner:
-            self.shared.load(path)
-        if (path / SAMPLED_FILE).exists():
-            self.sampled = torch.tensor(json.loads((path / SAMPLED_FILE).read_text()), dtype=torch.long)
-
+from acer_torchrl.shared_replay.server import AgentReplay, RemoteReplay, SharedReplay, serve
 
 PEER_WAIT_S = 600  # how long an agent waits for the others' first experience (the RPC timeout too)
 
@@ -378,33 +166,19 @@ def run_sweep(sweep: SweepConfig, overrides: list[str]) -> dict:
     trainers = [
         SweepAgentTrainer(cfg, AgentReplay(shared, i, len(cfgs), owner=i == 0)) for i, cfg in enumerate(cfgs)
     ]
-    running = [i for i, t in enumerate(trainers) if t.cfg.total_frames > t.counters.env_steps]
-    collectors = {}
     try:
-        for t in trainers:
-            t.evaluator = t.make_evaluator()
-        for i in running:
-            collectors[i] = trainers[i].make_collector(trainers[i].cfg.total_frames - trainers[i].counters.env_steps)
-            trainers[i].start_clock()
-        iterators = {i: iter(c) for i, c in collectors.items()}
+        batches = [t.start() for t in trainers]
+        running = list(range(len(trainers)))
         while running:  # one round: every agent collects one batch and learns from the shared replay
             for i in list(running):
-                batch = next(iterators[i], None)
-                if batch is None or trainers[i].on_batch(batch, collectors[i]):
+                batch = next(batches[i], None)
+                if batch is None or trainers[i].step(batch):
+                    trainers[i].stop_collecting()
                     running.remove(i)
-        for i, c in collectors.items():
-            trainers[i].stop_clock()
-            c.shutdown()
-        collectors = {}
         summaries = [t.finish() for t in trainers]
     finally:
-        for i, c in collectors.items():
-            trainers[i].stop_clock()
-            c.shutdown()
         for t in trainers:
-            if t.evaluator is not None:
-                t.evaluator.close()
-                t.evaluator = None
+            t.close()
     return write_sweep_results(
         sweep, sweep_dir, cfgs, summaries, [t.log.rows for t in trainers],
         [t.replay.sampled.tolist() for t in trainers], shared.agent_counts(),
