@@ -19,15 +19,7 @@ from pathlib import Path
 
 import submitit
 
-
-def override_value(overrides: list[str], key: str) -> str | None:
-    """The value of the last ``key=value`` in ``overrides`` (None if absent)."""
-    value = None
-    for item in overrides:
-        name, sep, rest = item.partition("=")
-        if sep and name.strip() == key:
-            value = rest.strip()
-    return value
+from acer_torchrl.config import override_value, without_keys
 
 
 def required_run_dir(overrides: list[str]) -> str:
@@ -47,7 +39,7 @@ def with_resume(overrides: list[str]) -> list[str]:
         latest_checkpoint(Path(run_dir))
     except CheckpointError:
         return list(overrides)
-    return [o for o in overrides if o.partition("=")[0].strip() != "resume"] + [f"resume={run_dir}"]
+    return without_keys(overrides, "resume") + [f"resume={run_dir}"]
 
 
 class RecipeJob(submitit.helpers.Checkpointable):
@@ -57,12 +49,17 @@ class RecipeJob(submitit.helpers.Checkpointable):
         from acer_torchrl import cli
 
         required_run_dir(overrides)
-        if int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
+        if requeued():
             overrides = with_resume(overrides)
         return cli.run(recipe, list(overrides))
 
     def checkpoint(self, recipe: str, overrides: list[str]) -> submitit.helpers.DelayedSubmission:
         return submitit.helpers.DelayedSubmission(self, recipe, with_resume(overrides))
+
+
+def requeued() -> bool:
+    """Whether this job is one SLURM restarted (``scontrol requeue``, node failure): it must resume."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
 
 
 def job_rank_info() -> tuple[int, int, str, int]:

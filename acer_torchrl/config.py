@@ -289,6 +289,22 @@ def _unknown_key_message(cfg: Config, key: str) -> str:
     return f"unknown config key '{key}'{hint}"
 
 
+def override_key(item: str) -> str:
+    """The key of one ``key=value`` command-line item (the whole item when it has no ``=``)."""
+    return item.partition("=")[0].strip()
+
+
+def override_value(overrides: list[str], key: str) -> str | None:
+    """The value of the last ``key=value`` in ``overrides`` (None if absent)."""
+    values = [value.strip() for name, sep, value in (o.partition("=") for o in overrides) if sep and name.strip() == key]
+    return values[-1] if values else None
+
+
+def without_keys(overrides: list[str], *keys: str) -> list[str]:
+    """``overrides`` less its items that set one of ``keys``."""
+    return [o for o in overrides if override_key(o) not in keys]
+
+
 def parse_overrides(overrides: list[str]) -> list[tuple[str, str]]:
     pairs = []
     for item in overrides:

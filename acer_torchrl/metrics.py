@@ -99,13 +99,35 @@ class MetricsLog:
         return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def plot_learning_curve(log: MetricsLog, path: Path, title: str) -> None:
+def new_plot(size: tuple[float, float] = (6, 4)):
+    """A figure and its axes, drawn off-screen (matplotlib is imported here, when a plot is made)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    return plt.subplots(figsize=size)
+
+
+def finish_plot(fig, ax, path: Path, title: str, xlabel: str, ylabel: str, threshold: float | None = None,
+                legend_size: float | None = None) -> None:
+    """Threshold line, labels, legend and grid; save ``fig`` to ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
+    if threshold is not None:
+        ax.axhline(threshold, color="k", ls="--", lw=1, label=f"threshold {threshold:g}")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_learning_curve(log: MetricsLog, path: Path, title: str) -> None:
+    fig, ax = new_plot()
     for key, label in (("train_return", "training episodes"), ("eval_return_mean", "greedy evaluation")):
         x, y = log.series(key)
         if x:
@@ -113,11 +135,4 @@ def plot_learning_curve(log: MetricsLog, path: Path, title: str) -> None:
     x, _ = log.series("eval_return_mean")
     if x:
         ax.axvspan((1.0 - FINAL_WINDOW) * max(x), max(x), color="tab:orange", alpha=0.12, label="final-score window")
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("return")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    finish_plot(fig, ax, path, title, "env steps", "return")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from acer_torchrl.metrics import FINAL_WINDOW, final_score
+from acer_torchrl.metrics import FINAL_WINDOW, final_score, finish_plot, new_plot
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -79,12 +79,7 @@ def steps_to(curve: list[tuple[int, float]], threshold: float) -> int | None:
 
 
 def plot(results: list[dict], path: Path, title: str, threshold: float | None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = new_plot()
     curves = [r["curve"] for r in results if "curve" in r and r["curve"]]
     for curve in curves:
         ax.plot(*zip(*curve), color="tab:blue", alpha=0.25, lw=1)
@@ -94,23 +89,7 @@ def plot(results: list[dict], path: Path, title: str, threshold: float | None) -
         ax.plot(grid, interp.mean(0), color="tab:blue", lw=2, label=f"mean of {len(curves)} seeds")
         ax.fill_between(grid, interp.min(0), interp.max(0), color="tab:blue", alpha=0.15, label="min-max")
         ax.axvspan((1.0 - FINAL_WINDOW) * grid[-1], grid[-1], color="tab:orange", alpha=0.12, label="final-score window")
-    finish_plot(fig, ax, path, title, threshold, "env steps", "greedy evaluation return")
-
-
-def finish_plot(fig, ax, path: Path, title: str, threshold: float | None, xlabel: str, ylabel: str) -> None:
-    """Threshold line, labels, legend and grid; save ``fig`` to ``path`` and close it."""
-    import matplotlib.pyplot as plt
-
-    if threshold is not None:
-        ax.axhline(threshold, color="k", ls="--", lw=1, label=f"threshold {threshold:g}")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    finish_plot(fig, ax, path, title, "env steps", "greedy evaluation return", threshold)
 
 
 def main() -> None:

@@ -28,7 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from learning import RESULTS, ROOT, finish_plot, steps_to
+from learning import RESULTS, ROOT, steps_to
+
+from acer_torchrl.metrics import finish_plot, new_plot
 
 VARIANTS = ("shared+TR", "shared", "apart")
 
@@ -77,18 +79,13 @@ def run_variant(variant: str, seed: int, args, extra: list[str], out: Path) -> l
 
 
 def plot(results: dict, path: Path, threshold: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = new_plot()
     for colour, variant in zip(("tab:blue", "tab:orange", "tab:green"), VARIANTS):
         for k, agents in enumerate(results[variant]):
             grid = sorted({s for c in agents for s, _ in c})
             best = np.max([np.interp(grid, *zip(*c)) for c in agents], axis=0)
             ax.plot(grid, best, color=colour, lw=1.5, alpha=0.8, label=variant if k == 0 else None)
-    finish_plot(fig, ax, path, "LASER sweep (one line per seed)", threshold, "env steps per agent", "best agent's greedy return")
+    finish_plot(fig, ax, path, "LASER sweep (one line per seed)", "env steps per agent", "best agent's greedy return", threshold)
 
 
 def main() -> None:

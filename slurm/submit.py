@@ -29,7 +29,8 @@ import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from acer_torchrl.algorithms import REGISTRY
-from acer_torchrl.cluster import RecipeJob, override_value
+from acer_torchrl.cluster import RecipeJob
+from acer_torchrl.config import override_value, without_keys
 
 TABLE_KEYS = ("env_steps", "eval_return_mean", "wall_time_s")
 SHARED_REPLAY_SWEEP = "laser_sweep"
@@ -105,7 +106,7 @@ def plan_points(overrides: list[str], sweep: str | None) -> list[tuple[dict[str,
     for item in overrides:
         if "=" not in item:
             raise SubmitError(f"override '{item}' is not key=value")
-    base = [o for o in overrides if o.partition("=")[0].strip() != "run_dir"]
+    base = without_keys(overrides, "run_dir")
     if sweep is None:
         return [({}, base)]
     points = parse_sweep(sweep)
@@ -298,12 +299,12 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
         sweep, agent_overrides = parse_sweep_args(args.overrides)
     except ConfigError as err:
         raise SubmitError(str(err)) from None
-    check_config("laser", [o for o in agent_overrides if o.partition("=")[0].strip() != "resume"])
+    check_config("laser", without_keys(agent_overrides, "resume"))
     require_sbatch(args)
     given_dir = override_value(args.overrides, "resume") or override_value(args.overrides, "run_dir")
     sweep_dir = Path(given_dir).resolve() if given_dir else fresh_dir(Path("runs"), SHARED_REPLAY_SWEEP)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    argv = [o for o in args.overrides if o.partition("=")[0].strip() not in ("run_dir", "resume")]
+    argv = without_keys(args.overrides, "run_dir", "resume")
     argv.append(f"resume={sweep_dir}" if override_value(args.overrides, "resume") else f"run_dir={sweep_dir}")
     warn_short_time(args)
     executor = make_executor(args, (args.logs or sweep_dir / "submitit").resolve())

@@ -18,12 +18,15 @@ import submitit
 import torch
 from tensordict import TensorDictBase
 
-from acer_torchrl.config import Config, ConfigError, _coerce, dump_yaml, load_config, parse_overrides
+from acer_torchrl.config import (
+    Config, ConfigError, _coerce, dump_yaml, load_config, override_value, parse_overrides, without_keys,
+)
+from acer_torchrl.metrics import finish_plot, new_plot
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.rundir import make_writable_dir
+from acer_torchrl.shared_replay.server import AgentReplay, RemoteReplay, SharedReplay, serve
 from acer_torchrl.trainer import Trainer
 from acer_torchrl.validation import allowed, check_allowed
-from acer_torchrl.shared_replay.server import AgentReplay, RemoteReplay, SharedReplay, serve
 
 PEER_WAIT_S = 600  # how long an agent waits for the others' first experience (the RPC timeout too)
 
@@ -126,7 +129,7 @@ def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[
         sweep_dir = Path(given["resume"])
         # the keys the grid sets per agent (from the base values a requeued job passes again) stay as saved
         kept = ("resume", "run_dir", "preset", "loss", *PER_AGENT_KEYS)
-        rest = [o for o in overrides if o.partition("=")[0].strip() not in kept]
+        rest = without_keys(overrides, *kept)
         cfgs = []
         for i in range(sweep.agents):
             if not (sweep_dir / f"agent{i}" / "config.yaml").is_file():
@@ -196,7 +199,7 @@ def run_sweep_rank(
 
     if world_size != sweep.agents:
         raise ConfigError(f"agents={sweep.agents} but the job has {world_size} tasks: one task per agent")
-    if not any(o.partition("=")[0].strip() in ("run_dir", "resume") for o in overrides):
+    if override_value(overrides, "run_dir") is None and override_value(overrides, "resume") is None:
         raise ConfigError("a sweep with one process per agent needs run_dir=<sweep dir> fixed for all of them")
     sweep_dir, cfgs = agent_configs(sweep, overrides)
     cfg = cfgs[rank]
@@ -241,7 +244,7 @@ def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
     import torch.multiprocessing as mp
 
     sweep_dir, _ = agent_configs(sweep, overrides)  # configuration errors surface here, before any process starts
-    if not dict(parse_overrides(overrides)).get("resume"):
+    if not override_value(overrides, "resume"):
         overrides = [*overrides, f"run_dir={sweep_dir}"]  # one sweep directory for every rank
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
@@ -260,9 +263,9 @@ class SweepTask(submitit.helpers.Checkpointable):
     """
 
     def __call__(self, argv: list[str]) -> dict | None:
-        from acer_torchrl.cluster import job_rank_info
+        from acer_torchrl.cluster import job_rank_info, requeued
 
-        if int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
+        if requeued():
             argv = sweep_resume_argv(argv)
         sweep, overrides = parse_sweep_args(argv)
         rank, world_size, master_addr, port = job_rank_info()
@@ -276,7 +279,7 @@ def sweep_resume_argv(argv: list[str]) -> list[str]:
     """``argv`` resuming its sweep directory (``resume=<sweep_dir>``) when every agent there has a
     checkpoint; unchanged otherwise (a requeue before the first checkpoints starts afresh)."""
     from acer_torchrl.checkpoint import CheckpointError, latest_checkpoint
-    from acer_torchrl.cluster import override_value, required_run_dir
+    from acer_torchrl.cluster import required_run_dir
 
     sweep, _ = parse_sweep_args(argv)
     sweep_dir = Path(override_value(argv, "resume") or required_run_dir(argv))
@@ -285,7 +288,7 @@ def sweep_resume_argv(argv: list[str]) -> list[str]:
             latest_checkpoint(sweep_dir / f"agent{i}")
     except CheckpointError:
         return list(argv)
-    return [a for a in argv if a.partition("=")[0].strip() not in ("resume", "run_dir")] + [f"resume={sweep_dir}"]
+    return without_keys(argv, "resume", "run_dir") + [f"resume={sweep_dir}"]
 
 
 def run(argv: list[str]) -> dict:
@@ -357,12 +360,7 @@ def write_sweep_results(
 
 
 def _plot(curves: list[dict], table: list[dict], path: Path, cfgs: list[Config]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = new_plot((7, 4.5))
     for i, (curve, cfg) in enumerate(zip(curves, cfgs)):
         xs = sorted(curve)
         label = f"agent {i}: lr {cfg.optim.lr:.2g}, entropy {cfg.algo.entropy_coef:.2g}"
@@ -370,11 +368,5 @@ def _plot(curves: list[dict], table: list[dict], path: Path, cfgs: list[Config])
     if table:
         ax.plot([r["env_steps"] for r in table], [r["best_eval_return_mean"] for r in table], "k--", lw=2,
                 label="best agent (pointwise)")
-    ax.set_xlabel("env steps (per agent)")
-    ax.set_ylabel("greedy return")
-    ax.set_title(f"LASER shared-replay sweep on {cfgs[0].env.name}")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    finish_plot(fig, ax, path, f"LASER shared-replay sweep on {cfgs[0].env.name}", "env steps (per agent)",
+                "greedy return", legend_size=7)
