@@ -134,6 +134,8 @@ class Trainer:
             "loss": self.loss.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            # each GPU's generator (dropout-free losses still sample on the learner's device: SDN, KL draws)
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             # a target network's copy schedule (TorchRL's HardUpdate counts its steps) survives a restart
             "updater_counters": [int(getattr(u, "counter", 0)) for u in self.agent.updaters],
         }
@@ -149,6 +151,9 @@ class Trainer:
                 f"{str(err).splitlines()[0]})"
             ) from None
         torch.set_rng_state(state["torch_rng"])
+        cuda_rng = state.get("cuda_rng", [])
+        if cuda_rng and torch.cuda.is_available():  # a GPU run resumed on CPU leaves them; more GPUs: the first ones
+            torch.cuda.set_rng_state_all(cuda_rng[: torch.cuda.device_count()])
         for updater, count in zip(self.agent.updaters, state.get("updater_counters", [])):
             if hasattr(updater, "counter"):
                 updater.counter = count
