@@ -58,7 +58,7 @@ def agent_points(agents: int, seed: int, extra: list[str]) -> list[list[str]]:
     points = []
     for i in range(agents):
         lr_factor, entropy_factor = sweep.factors(i)
-        points.append([f"optim.lr={base.optim.lr * lr_factor}", f"laser.entropy_coef={base.algo.entropy_coef * entropy_factor}",
+        points.append([f"optim.lr={base.optim.lr * lr_factor}", f"laser.entropy_coeff={base.algo.entropy_coeff * entropy_factor}",
                        f"seed={seed + i}"])
     return points
 

@@ -3,7 +3,7 @@
     python recipes/laser_sweep.py [agents=3] [mode=local|processes] [sweep.lr_factors=0.5,1,2]
         [sweep.entropy_factors=0.5,1,2] [preset=cartpole] [key=value ...]
 
-Agent i trains with ``optim.lr`` and ``laser.entropy_coef`` scaled by the factors of
+Agent i trains with ``optim.lr`` and ``laser.entropy_coeff`` scaled by the factors of
 :class:`acer_torchrl.shared_replay.SweepConfig` (9 agents cover the paper's 3 x 3 grid) and seed
 ``seed + i``; every other key configures all agents (``replay.capacity`` is the one shared replay's).
 ``mode=local`` steps all agents in this process; ``mode=processes`` runs one process per agent, rank 0
@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
         return 2
     for agent in result["agents"]:
         print(
-            f"agent {agent['agent']}: lr {agent['lr']:.3g}, entropy {agent['entropy_coef']:.3g}: greedy return "
+            f"agent {agent['agent']}: lr {agent['lr']:.3g}, entropy {agent['entropy_coeff']:.3g}: greedy return "
             f"{agent['eval_return_mean']:.1f} after {agent['env_steps']} env steps"
         )
     print(

@@ -67,7 +67,7 @@ class QFromObs(nn.Module):
 def discrete_loss(**kwargs) -> ACERLoss:
     actor = TensorDictModule(LogitsFromObs(), ["observation"], ["logits"])
     critic = TensorDictModule(QFromObs(), ["observation"], ["action_value"])
-    return ACERLoss(actor, critic, discrete=True, gamma=GAMMA, entropy_coef=0.0, **kwargs)
+    return ACERLoss(actor, critic, discrete=True, gamma=GAMMA, entropy_coeff=0.0, **kwargs)
 
 
 def discrete_batch(seed=0, behaviour_noise=None) -> TensorDict:
@@ -144,9 +144,9 @@ def half_active_delta(k, g, mask):
 
 
 def grads(loss_module, td):
-    """d loss_policy / d phi and d loss_critic / d obs, and the output."""
+    """d loss_objective / d phi and d loss_critic / d obs, and the output."""
     out = loss_module(td)
-    (g_policy,) = torch.autograd.grad(out["loss_policy"], td["observation"], retain_graph=True)
+    (g_policy,) = torch.autograd.grad(out["loss_objective"], td["observation"], retain_graph=True)
     (g_critic,) = torch.autograd.grad(out["loss_critic"], td["observation"])
     return g_policy, g_critic, out
 
@@ -493,7 +493,7 @@ def test_built_agent_trains_every_network_on_acted_sequences(lstm):
     assert all(float(v.sum()) > 0 for v in moved.values(True, True))
     policy_params = {id(p) for p in agent.policy.parameters()}
     assert policy_params <= {id(p) for p in params}
-    assert float(out["rho_mean"]) == pytest.approx(1.0)  # acted by this very policy: rho = 1
+    assert float(out["rho"]) == pytest.approx(1.0)  # acted by this very policy: rho = 1
 
 
 def test_lstm_bootstraps_from_the_unroll_state_not_the_stored_one():
@@ -573,7 +573,7 @@ def test_lstm_bootstraps_from_the_unroll_state_not_the_stored_one():
                                                      td["next", c_key][b, t].unsqueeze(1)))
     n = mask.sum()
     torch.testing.assert_close(out["q_ret_mean"], q_ret[mask].sum() / n, rtol=1e-5, atol=1e-6)
-    expected_critic = loss.critic_coef * (0.5 * (q_ret - q_taken)[mask] ** 2).sum() / n  # eq. 6
+    expected_critic = loss.critic_coeff * (0.5 * (q_ret - q_taken)[mask] ** 2).sum() / n  # eq. 6
     torch.testing.assert_close(out["loss_critic"], expected_critic, rtol=1e-5, atol=1e-6)
     assert (q_ret - stale)[mask].abs().max() > 1e-2, "the stored states must give other bootstraps"
 

@@ -102,7 +102,7 @@ def reference_beta_discrete(logits, mu_logits, rho_bar):
     return beta
 
 
-def reference_losses(td, log_pi, value, next_value, entropy, lam, value_coef=0.5, entropy_coef=0.01):
+def reference_losses(td, log_pi, value, next_value, entropy, lam, critic_coeff=0.5, entropy_coeff=0.01):
     """The loss written straight from LASER eq. 7 (sum form, not the recursion) and IMPALA sec. 4.2.
 
     ``v_t = V_t + sum_{k=t}^{e} gamma^{k-t} (prod_{i=t}^{k-1} lam_i c_i) lam_k rho_k delta_k`` where ``e`` is
@@ -151,9 +151,9 @@ def reference_losses(td, log_pi, value, next_value, entropy, lam, value_coef=0.5
     keep = (mask & lam).double()
     n = keep.sum().clamp(min=1.0)
     return {
-        "loss_policy": -(keep * adv * log_pi).sum() / n,
-        "loss_value": value_coef * (keep * 0.5 * (v - value) ** 2).sum() / n,
-        "loss_entropy": -entropy_coef * (keep * entropy).sum() / n,
+        "loss_objective": -(keep * adv * log_pi).sum() / n,
+        "loss_critic": critic_coeff * (keep * 0.5 * (v - value) ** 2).sum() / n,
+        "loss_entropy": -entropy_coeff * (keep * entropy).sum() / n,
     }
 
 
@@ -169,7 +169,7 @@ def loss_and_grad(loss, td):
     td = td.clone()
     td["observation"].requires_grad_()
     out = loss(td)
-    total = out["loss_policy"] + out["loss_value"] + out["loss_entropy"]
+    total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
     (grad,) = torch.autograd.grad(total, td["observation"])
     return out, grad
 
@@ -217,7 +217,7 @@ def test_rejected_step_stops_the_bootstrap():
             assert torch.all(grad[4, 3] == 0)
             # step 2's value target bootstraps on the rejected step's own value: v_2 = r_2 + gamma V(s_3)
             keep = int(td["mask"].sum()) - 1
-            # only loss_value depends on V (advantages are constants): dL/dV_2 = -0.5 (v_2 - V_2) / keep
+            # only loss_critic depends on V (advantages are constants): dL/dV_2 = -0.5 (v_2 - V_2) / keep
             v2 = td["observation"][4, 2, A] - grad[4, 2, A] * keep / 0.5
             expected = td["next", "reward"][4, 2, 0] + GAMMA * td["observation"][4, 3, A]
             torch.testing.assert_close(v2, expected)
@@ -230,7 +230,7 @@ def test_pi_equals_mu_rejects_nothing_and_is_plain_vtrace():
     assert out_tr["rejected_share"].item() == 0.0
     assert out_tr["beta_kl"].abs().item() < 1e-12
     assert out_tr["rho"].item() == pytest.approx(1.0)
-    for key in ("loss_policy", "loss_value", "loss_entropy"):
+    for key in ("loss_objective", "loss_critic", "loss_entropy"):
         torch.testing.assert_close(out_tr[key], out_plain[key], rtol=0, atol=0)
     torch.testing.assert_close(grad_tr, grad_plain, rtol=0, atol=0)
     # ... and both are IMPALA's V-trace actor-critic (eq. 7 with lambda == 1)
@@ -399,7 +399,7 @@ def test_batches_mix_the_configured_online_share(tmp_path, share):
             assert replayed[-1].shape[0] == size - n_online
             assert torch.equal(batch["observation"][n_online:], replayed[-1]["observation"])
         out = trainer.loss(batch)
-        assert all(torch.isfinite(out[k]) for k in ("loss_policy", "loss_value", "loss_entropy"))
+        assert all(torch.isfinite(out[k]) for k in ("loss_objective", "loss_critic", "loss_entropy"))
 
 
 @pytest.mark.slow

@@ -167,8 +167,8 @@ def test_critic_and_beta_loo_gradient_match_the_paper(lstm_hidden, learned, beta
     q_a = q.gather(-1, a.unsqueeze(-1))[..., 0]
     # critic: L2 regression of Q(x_t, a_t) on Q^ret (eq. 7)
     torch.testing.assert_close(out["loss_critic"], 0.5 * ((ret - q_a) ** 2)[mask].sum() / n)
-    # actor: d(-loss_actor)/d pi(a) per step = beta (R(A) - Q(A)) 1[a = A] + Q(a)  (eq. 5), beta = min(c, 1/mu(A))
-    out["loss_actor"].backward()
+    # actor: d(-loss_objective)/d pi(a) per step = beta (R(A) - Q(A)) 1[a = A] + Q(a)  (eq. 5), beta = min(c, 1/mu(A))
+    out["loss_objective"].backward()
     log_pi = store["log_pi"]
     grad_pi = -log_pi.grad[:, : td.shape[1]] / log_pi.detach().exp()[:, : td.shape[1]] * n
     beta = (1.0 / mu).clamp_max(beta_c)
@@ -188,7 +188,7 @@ def test_tislr_gradient_matches_the_paper(learned):
     store = capture_pi(nets)
     out = loss(td)
     q, pi, ret, _, mu_all = reference(td, last, nets.network, target, [], learned)
-    out["loss_actor"].backward()
+    out["loss_objective"].backward()
     mask, a = td["mask"], td["action"]
     n = mask.sum()
     grad_log_pi = -store["log_pi"].grad[:, : td.shape[1]] * n
@@ -254,7 +254,7 @@ def test_policy_gradients_do_not_reach_the_shared_encoder():
     out = loss(td)
     encoder = nets.q_network[0].module  # the shared encoder (first module of the Q torso)
     q_lstm = nets.torsos[0].lstm
-    for name in ("loss_actor", "loss_entropy", "loss_behaviour"):
+    for name in ("loss_objective", "loss_entropy", "loss_behaviour"):
         loss.zero_grad(set_to_none=True)
         out[name].backward(retain_graph=True)
         touched = [

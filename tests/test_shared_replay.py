@@ -160,15 +160,15 @@ def test_sweep_arguments():
 def test_resumed_sweep_keeps_every_agents_own_settings(tmp_path):
     """A requeued job passes its first arguments again: their base lr, entropy cost and seed do not replace
     (nor, for the entropy cost of the loss, stop) the values each agent trains with."""
-    argv = ["agents=2", "preset=cartpole", "optim.lr=0.01", "laser.entropy_coef=0.02", "seed=3", f"run_dir={tmp_path}"]
+    argv = ["agents=2", "preset=cartpole", "optim.lr=0.01", "laser.entropy_coeff=0.02", "seed=3", f"run_dir={tmp_path}"]
     sweep, overrides = parse_sweep_args(argv)
     _, started = agent_configs(sweep, overrides)
     for cfg in started:
         (tmp_path / Path(cfg.run_dir).name).mkdir()
         dump_yaml(cfg, Path(cfg.run_dir) / "config.yaml")
     _, resumed = agent_configs(sweep, [o.replace("run_dir=", "resume=") for o in overrides])
-    own = [(c.optim.lr, c.algo.entropy_coef, c.seed) for c in started]
-    assert [(c.optim.lr, c.algo.entropy_coef, c.seed) for c in resumed] == own and own[0] != own[1]
+    own = [(c.optim.lr, c.algo.entropy_coeff, c.seed) for c in started]
+    assert [(c.optim.lr, c.algo.entropy_coeff, c.seed) for c in resumed] == own and own[0] != own[1]
 
 
 # ---------------------------------------------------------------------------------------------- 2 processes
@@ -243,7 +243,7 @@ def test_local_sweep_end_to_end(tmp_path):
     result = run(["agents=2", f"run_dir={tmp_path}", *SMOKE])
     assert [a["env_steps"] for a in result["agents"]] == [256, 256]
     assert result["shared_replay"]["stored_steps_by_agent"] == [256, 256]
-    assert [(a["lr"], a["entropy_coef"]) for a in result["agents"]] == [(0.5e-3, 0.005), (1e-3, 0.01)]
+    assert [(a["lr"], a["entropy_coeff"]) for a in result["agents"]] == [(0.5e-3, 0.005), (1e-3, 0.01)]
     for agent in result["agents"]:
         assert min(agent["replayed_share_by_agent"]) > 0, "every agent learns from both agents' data"
     for name in ("metrics.csv", "learning_curves.png", "summary.json"):
@@ -270,6 +270,6 @@ def test_local_sweep_resumes_with_its_shared_replay(tmp_path):
     result = run(["agents=2", f"resume={tmp_path}", "total_frames=384"])
     assert [a["env_steps"] for a in result["agents"]] == [384, 384]
     assert result["shared_replay"]["stored_steps_by_agent"] == [384, 384], "the replay came back from agent 0's checkpoint"
-    assert [(a["lr"], a["entropy_coef"]) for a in result["agents"]] == [(0.5e-3, 0.005), (1e-3, 0.01)]
+    assert [(a["lr"], a["entropy_coeff"]) for a in result["agents"]] == [(0.5e-3, 0.005), (1e-3, 0.01)]
     with pytest.raises(ConfigError, match="agent2"):
         run(["agents=3", f"resume={tmp_path}"])

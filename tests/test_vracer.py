@@ -216,9 +216,9 @@ def test_sampled_step_uses_stored_targets():
     value = out["state_value"]
     near = (out["rho"] > 1 / 5) & (out["rho"] < 5)
     expected = 0.5 * ((value - sample["vracer", "vtbc"]) ** 2 * near).sum() / 16  # eq. 9, beta = 1
-    torch.testing.assert_close(out["loss_value"], expected)
+    torch.testing.assert_close(out["loss_critic"], expected)
     expected_pg = -(out["rho"] * (sample["vracer", "qret"] - value) * near).sum() / 16  # eq. 5
-    torch.testing.assert_close(out["loss_policy"], expected_pg)
+    torch.testing.assert_close(out["loss_objective"], expected_pg)
     # logged std in env units: App. A's initial sqrt(0.2) (Sigma = 0.2 I) times the half ranges (2, 1) of
     # INFO, averaged
     torch.testing.assert_close(out["policy_std"], torch.tensor(1.5 * math.sqrt(0.2)))
@@ -251,7 +251,7 @@ def test_rule1_zeroes_exactly_the_far_policy_gradients():
     agent.loss.refer.beta.fill_(0.7)
     out = agent.loss(sample)
     torch.testing.assert_close(out["far_batch"], torch.tensor(0.25))
-    (grad,) = torch.autograd.grad(out["loss_policy"] + out["loss_value"], obs, retain_graph=True)
+    (grad,) = torch.autograd.grad(out["loss_objective"] + out["loss_critic"], obs, retain_graph=True)
     assert (grad[:4] == 0).all(), "far-policy samples must give no policy/value gradient"
     assert torch.isinf(out["rho"][1]).all() and torch.isfinite(grad).all()
 
@@ -326,7 +326,7 @@ def test_rule2_only_clips_rho_at_1e3(rule1, rule2, clip):
     sample["observation"] = obs
     agent.loss.refer.beta.fill_(0.7)
     out = agent.loss(sample)
-    (grad,) = torch.autograd.grad(out["loss_policy"], obs)
+    (grad,) = torch.autograd.grad(out["loss_objective"], obs)
 
     obs_ref = sample["observation"].detach().clone().requires_grad_(True)
     net_out = agent.loss.network(TensorDict({"observation": obs_ref}, [16]))
@@ -345,7 +345,7 @@ def test_rule2_only_clips_rho_at_1e3(rule1, rule2, clip):
         terms.append(-w * float(sample["vracer", "qret"][k] - value[k].detach()))  # off-PG, eq. 5
     ref = 0.7 * torch.stack(terms).sum() / 16
     (ref_grad,) = torch.autograd.grad(ref, obs_ref)
-    torch.testing.assert_close(out["loss_policy"], ref.detach())
+    torch.testing.assert_close(out["loss_objective"], ref.detach())
     torch.testing.assert_close(grad, ref_grad)
     assert (grad[2:4].abs().sum(-1) > 0).all() != rule1  # rho = 148: kept unless Rule 1 drops it
     if clip:
@@ -398,7 +398,7 @@ def test_ablation_switches_each_rule_off(rule1, rule2):
     obs = sample["observation"].clone().requires_grad_(True)
     sample["observation"] = obs
     out = agent.loss(sample)
-    (grad,) = torch.autograd.grad(out["loss_policy"] + out["loss_value"], obs, retain_graph=True)
+    (grad,) = torch.autograd.grad(out["loss_objective"] + out["loss_critic"], obs, retain_graph=True)
     assert torch.isfinite(grad).all() and (grad[4:].abs().sum(-1) > 0).all()
     if rule1:
         assert (grad[:4] == 0).all(), "Rule 1 zeroes the far-policy gradients"

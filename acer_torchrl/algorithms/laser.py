@@ -47,8 +47,8 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         trust_region=algo.trust_region,
         kl_threshold=algo.kl_threshold,
         kl_samples=algo.kl_samples,
-        value_coef=algo.value_coef,
-        entropy_coef=algo.entropy_coef,
+        critic_coeff=algo.critic_coeff,
+        entropy_coeff=algo.entropy_coeff,
     )
     return Agent(loss=loss, policy=acting_policy(torso, head, info), torsos=[torso])
 

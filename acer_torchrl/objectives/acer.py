@@ -19,7 +19,7 @@ Efficient trust region (sec. 3.3): the policy gradient is taken w.r.t. the distr
 and back-propagated into theta through phi only. In TorchRL terms this is a surrogate loss: ``g`` (and
 ``k``) is computed in closed form for logits (``d log f(a) / d phi = onehot(a) - f``, ``k = f - f_avg``) and by
 autograd w.r.t. a detached copy of the Gaussian's ``phi`` (exact, per step), projected to ``z*``, and
-``loss_policy = -mean_t (z*_t.detach() . phi_t)`` so that ``d loss / d theta = -mean_t z*_t dphi_t/dtheta``
+``loss_objective = -mean_t (z*_t.detach() . phi_t)`` so that ``d loss / d theta = -mean_t z*_t dphi_t/dtheta``
 (Alg. 2: ``dtheta += dphi/dtheta z*``). The critic's gradient is not projected.
 
 Deviations from the paper, and why:
@@ -83,7 +83,7 @@ class ACERLoss(ReplayLoss):
         gamma: discount.
         c: truncation of the policy-gradient importance weights (eq. 9 / 16).
         trust_region, delta: the efficient trust region (sec. 3.3, eq. 11-12).
-        entropy_coef, critic_coef: weights of the entropy bonus and of the critic loss.
+        entropy_coeff, critic_coeff: weights of the entropy bonus and of the critic loss.
         sdn_samples: ``n`` of eq. 13.
         replay_ratio, on_policy: Alg. 1's master loop (:meth:`update_plan`).
         seq_len: steps per sequence.
@@ -140,8 +140,8 @@ class ACERLoss(ReplayLoss):
         c: float = 10.0,
         trust_region: bool = True,
         delta: float = 1.0,
-        entropy_coef: float = 0.001,
-        critic_coef: float = 1.0,
+        entropy_coeff: float = 0.001,
+        critic_coeff: float = 1.0,
         sdn_samples: int = 5,
         replay_ratio: float = 4.0,
         on_policy: bool = True,
@@ -159,8 +159,8 @@ class ACERLoss(ReplayLoss):
         self.c = c
         self.trust_region = trust_region
         self.delta = delta
-        self.entropy_coef = entropy_coef
-        self.critic_coef = critic_coef
+        self.entropy_coeff = entropy_coeff
+        self.critic_coeff = critic_coeff
         self.sdn_samples = sdn_samples
         self.replay_ratio = replay_ratio
         self.on_policy = on_policy
@@ -189,10 +189,10 @@ class ACERLoss(ReplayLoss):
 
     @property
     def out_keys(self) -> list[str]:
-        diagnostics = ["rho_mean", "truncated_share", "entropy", "value_mean", "q_ret_mean"]
+        diagnostics = ["rho", "truncated_share", "entropy", "value_mean", "q_ret_mean"]
         if self.trust_region:
             diagnostics += ["kl_average", "trust_region_active"]
-        return ["loss_policy", "loss_critic", "loss_entropy", *diagnostics]
+        return ["loss_objective", "loss_critic", "loss_entropy", *diagnostics]
 
     # ------------------------------------------------------------------ Alg. 1
     def update_plan(self, rng) -> list[float]:
@@ -311,14 +311,14 @@ class ACERLoss(ReplayLoss):
         )
         terms = self._discrete if self.discrete else self._continuous
         g, critic, rho, q_ret = terms(td, out, stats, value, next_value, reward, terminated, done, mask)
-        loss_policy, diagnostics = self._policy_surrogate(stats, g, average_stats, mask)
+        loss_objective, diagnostics = self._policy_surrogate(stats, g, average_stats, mask)
         entropy = masked_mean(self._entropy(stats), mask)
         return TensorDict(
             {
-                "loss_policy": loss_policy,
-                "loss_critic": self.critic_coef * critic,
-                "loss_entropy": -self.entropy_coef * entropy,
-                "rho_mean": masked_mean(rho, mask),
+                "loss_objective": loss_objective,
+                "loss_critic": self.critic_coeff * critic,
+                "loss_entropy": -self.entropy_coeff * entropy,
+                "rho": masked_mean(rho, mask),
                 "truncated_share": masked_mean((rho > self.c).float(), mask),
                 "entropy": entropy.detach(),
                 "value_mean": masked_mean(value.detach(), mask),

@@ -78,9 +78,9 @@ class LASERLoss(ReplayLoss):
       and sec. 4.2), bootstrapping on ``V(s_{t+1})`` at window ends, padding and truncations, and on 0
       at terminations;
     * over the relevant real steps ``K`` (mask and ``lambda``):
-      ``loss_policy = -mean_K[A_t log pi(a_t|s_t)]`` (eq. 2 with the baseline ``V(s_t)``),
-      ``loss_value = value_coef mean_K[(v_t - V(s_t))^2 / 2]``,
-      ``loss_entropy = -entropy_coef mean_K[H(pi(.|s_t))]``.
+      ``loss_objective = -mean_K[A_t log pi(a_t|s_t)]`` (eq. 2 with the baseline ``V(s_t)``),
+      ``loss_critic = critic_coeff mean_K[(v_t - V(s_t))^2 / 2]``,
+      ``loss_entropy = -entropy_coeff mean_K[H(pi(.|s_t))]``.
 
     Args:
         network: learning module reading a step (``observation``, recurrent state, ``is_init``) and
@@ -132,8 +132,8 @@ class LASERLoss(ReplayLoss):
         trust_region: bool = True,
         kl_threshold: float = 0.5,
         kl_samples: int = 16,
-        value_coef: float = 0.5,
-        entropy_coef: float = 0.01,
+        critic_coeff: float = 0.5,
+        entropy_coeff: float = 0.01,
     ):
         super().__init__()
         self.network = network
@@ -148,8 +148,8 @@ class LASERLoss(ReplayLoss):
         self.trust_region = trust_region
         self.kl_threshold = kl_threshold
         self.kl_samples = kl_samples
-        self.value_coef = value_coef
-        self.entropy_coef = entropy_coef
+        self.critic_coeff = critic_coeff
+        self.entropy_coeff = entropy_coeff
         self.stat_names = policy_keys(discrete)
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
@@ -172,7 +172,7 @@ class LASERLoss(ReplayLoss):
     @property
     def out_keys(self) -> list[str]:
         return [
-            "loss_policy", "loss_value", "loss_entropy", "entropy", "beta_kl", "rejected_share",
+            "loss_objective", "loss_critic", "loss_entropy", "entropy", "beta_kl", "rejected_share",
             "rho", "rho_clipped_share", "value_target", "truncated_share",
         ]
 
@@ -246,9 +246,9 @@ class LASERLoss(ReplayLoss):
             )
         keep = mask if relevance is None else mask & relevance  # rejected steps leave every loss
         entropy = pi.entropy().reshape(shape)
-        loss_policy = -masked_mean(advantage * log_pi, keep)
-        loss_value = self.value_coef * masked_mean(0.5 * (value_target - value).pow(2), keep)
-        loss_entropy = -self.entropy_coef * masked_mean(entropy, keep)
+        loss_objective = -masked_mean(advantage * log_pi, keep)
+        loss_critic = self.critic_coeff * masked_mean(0.5 * (value_target - value).pow(2), keep)
+        loss_entropy = -self.entropy_coeff * masked_mean(entropy, keep)
 
         with torch.no_grad():
             rho = log_rho.exp()
@@ -256,8 +256,8 @@ class LASERLoss(ReplayLoss):
             rejected = torch.zeros_like(mask) if relevance is None else ~relevance
             return TensorDict(
                 {
-                    "loss_policy": loss_policy,
-                    "loss_value": loss_value,
+                    "loss_objective": loss_objective,
+                    "loss_critic": loss_critic,
                     "loss_entropy": loss_entropy,
                     "entropy": masked_mean(entropy, mask),
                     "beta_kl": masked_mean(beta, mask),

@@ -126,7 +126,7 @@ class ReactorLoss(ReplayLoss):
         learned_behaviour: use mu-hat (trained by cross-entropy) instead of the stored mu.
         seq_len: steps per replayed sequence. hidden_keys: recurrent state keys of the network's LSTMs.
 
-    Returns (forward): ``loss_critic`` (eq. 7 regression), ``loss_actor`` (eq. 5 / TISLR), ``loss_entropy``,
+    Returns (forward): ``loss_critic`` (eq. 7 regression), ``loss_objective`` (eq. 5 / TISLR), ``loss_entropy``,
     ``loss_behaviour`` (learned only) and diagnostics.
     """
 
@@ -213,7 +213,7 @@ class ReactorLoss(ReplayLoss):
 
     @property
     def out_keys(self):
-        keys = ["loss_critic", "loss_actor", "loss_entropy"]
+        keys = ["loss_critic", "loss_objective", "loss_entropy"]
         return keys + (["loss_behaviour"] if self.learned_behaviour else [])
 
     def update_plan(self, rng: np.random.Generator) -> list[float]:
@@ -303,7 +303,7 @@ class ReactorLoss(ReplayLoss):
         else:
             beta = rho.clamp_max(self.tislr_c)
             surrogate = tislr_surrogate(log_pi, q_now, q_ret, action, log_mu_all, self.tislr_c)
-        loss_actor = -masked_mean(surrogate, mask)
+        loss_objective = -masked_mean(surrogate, mask)
 
         # Entropy bonus scaled by the mean action gap (sec. 3.5)
         entropy = -(log_pi.exp() * log_pi).sum(-1, keepdim=True)
@@ -313,7 +313,7 @@ class ReactorLoss(ReplayLoss):
         result = TensorDict(
             {
                 "loss_critic": loss_critic,
-                "loss_actor": loss_actor,
+                "loss_objective": loss_objective,
                 "loss_entropy": loss_entropy,
                 "entropy": masked_mean(entropy.detach(), mask),
                 "action_gap": gap,

@@ -182,9 +182,9 @@ class VRACERLoss(ReplayLoss):
     For a batch of single steps ``k`` (each with its stored ``V^tbc_k`` and ``Q^ret_k``):
 
     * ``rho_k = pi(a_k|s_k) / mu_k(a_k|s_k)`` from the behaviour log-probability stored at acting time;
-    * ``loss_policy = beta mean_k[near_k * (-rho_k (Q^ret_k - V(s_k)))]`` (off-PG, eq. 5; the advantage is
+    * ``loss_objective = beta mean_k[near_k * (-rho_k (Q^ret_k - V(s_k)))]`` (off-PG, eq. 5; the advantage is
       not differentiated, ``grad rho = rho grad log pi``);
-    * ``loss_value = beta mean_k[near_k * (V(s_k) - V^tbc_k)^2 / 2]`` (eq. 9);
+    * ``loss_critic = beta mean_k[near_k * (V(s_k) - V^tbc_k)^2 / 2]`` (eq. 9);
     * ``loss_kl = (1 - beta) mean_k D_KL(mu_k || pi(.|s_k))`` (Rule 2, eq. 10-11);
 
     with ``near_k = 1/c_max < rho_k < c_max`` (Rule 1; without it every step is near, and with Rule 2
@@ -285,7 +285,7 @@ class VRACERLoss(ReplayLoss):
     @property
     def out_keys(self) -> list[str]:
         return [
-            "loss_policy", "loss_value", "loss_kl", "rho", "state_value", "next_state_value", "kl",
+            "loss_objective", "loss_critic", "loss_kl", "rho", "state_value", "next_state_value", "kl",
             "far_batch", "far_fraction", "beta", "c_max", "reward_scale", "policy_std",
         ]
 
@@ -340,15 +340,15 @@ class VRACERLoss(ReplayLoss):
         rho_near = self.refer.weight(log_rho, near)  # far-policy: 1; ReF-ER-2: min(rho, 10^3) (sec. 5.3)
         v_tbc, q_ret = td[self._stored(VTBC)], td[self._stored(QRET)]  # added by before_update
         advantage = (q_ret - value).detach()
-        loss_policy = self.refer.gate(-rho_near * advantage, near, mask)  # off-PG, eq. 5
-        loss_value = self.refer.gate(0.5 * (value - v_tbc).pow(2), near, mask)  # eq. 9
+        loss_objective = self.refer.gate(-rho_near * advantage, near, mask)  # off-PG, eq. 5
+        loss_critic = self.refer.gate(0.5 * (value - v_tbc).pow(2), near, mask)  # eq. 9
         mu = td.get(keys.behaviour)
         kl = gaussian_kl(mu.get("loc"), mu.get("scale"), out.get(keys.loc), out.get(keys.scale))
         loss_kl = self.refer.penalty(kl, mask)  # Rule 2, eq. 10-11
         return TensorDict(
             {
-                "loss_policy": loss_policy,
-                "loss_value": loss_value,
+                "loss_objective": loss_objective,
+                "loss_critic": loss_critic,
                 "loss_kl": loss_kl,
                 # per-step fresh estimates, written back by after_update (their means are logged)
                 "rho": log_rho.detach().exp(),

@@ -9,8 +9,8 @@ from acer_torchrl.validation import allowed
 
 DEFAULT_PRESET = "cartpole"
 
-@allowed(replay_ratio="[0, 1000]", c="(0, inf)", delta="(0, inf)", alpha="[0, 1)", entropy_coef="[0, inf)",
-         critic_coef="[0, inf)", sdn_samples="[1, 1000]", sdn_hidden=MAX_WIDTH, init_std="(0, inf)")
+@allowed(replay_ratio="[0, 1000]", c="(0, inf)", delta="(0, inf)", alpha="[0, 1)", entropy_coeff="[0, inf)",
+         critic_coeff="[0, inf)", sdn_samples="[1, 1000]", sdn_hidden=MAX_WIDTH, init_std="(0, inf)")
 @dataclass
 class ACERConfig:
     """``acer.<field>=`` overrides (paper values: Atari sec. 4, MuJoCo sec. 6)."""
@@ -21,8 +21,8 @@ class ACERConfig:
     trust_region: bool = True  # efficient trust region (sec. 3.3); false: truncation + bias correction only
     delta: float = 1.0  # trust-region constraint (eq. 11)
     alpha: float = 0.99  # average policy network decay: theta_a <- alpha theta_a + (1 - alpha) theta
-    entropy_coef: float = 0.001  # weight of the entropy bonus (sec. 4: 0.001)
-    critic_coef: float = 1.0  # weight of 1/2 (Q^ret - Q)^2 (eq. 6) [+ 1/2 (V^target - V)^2, eq. 14]
+    entropy_coeff: float = 0.001  # weight of the entropy bonus (sec. 4: 0.001)
+    critic_coeff: float = 1.0  # weight of 1/2 (Q^ret - Q)^2 (eq. 6) [+ 1/2 (V^target - V)^2, eq. 14]
     sdn_samples: int = 5  # n of eq. 13 (continuous)
     sdn_hidden: list[int] = field(default_factory=lambda: [64])  # the SDN's advantage network A(x, a)
     init_std: float = 0.3  # Gaussian policy std (sec. 6: fixed 0.3)
@@ -46,7 +46,7 @@ _ATARI = {
     "optim.max_grad_norm": 40.0,
     "gamma": 0.99,
     "acer.replay_ratio": 4.0,
-    "acer.entropy_coef": 0.001,
+    "acer.entropy_coeff": 0.001,
     "acer.c": 10.0,
     "acer.delta": 1.0,
     "acer.alpha": 0.99,
@@ -76,7 +76,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "network.hidden": "[128, 128]",
         "eval.interval": 2_500,
         "acer.replay_ratio": 4.0,
-        "acer.entropy_coef": 0.01,
+        "acer.entropy_coeff": 0.01,
         "acer.c": 10.0,
         "acer.delta": 1.0,
         "acer.alpha": 0.99,
@@ -115,7 +115,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "eval.interval": 25_000,
         "acer.on_policy": False,
         "acer.replay_ratio": 4.0,
-        "acer.entropy_coef": 0.0,
+        "acer.entropy_coeff": 0.0,
         "acer.c": 5.0,
         "acer.delta": 1.0,
         "acer.alpha": 0.995,
@@ -136,7 +136,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "eval.interval": 2_500,
         "acer.on_policy": False,
         "acer.replay_ratio": 4.0,
-        "acer.entropy_coef": 0.0,
+        "acer.entropy_coeff": 0.0,
         "acer.c": 5.0,
         "acer.delta": 2.0,  # the top of the paper's range [0.1, 2]: delta = 1 kept ~40% of steps projected
         # sec. 6: "The rate of the soft updating (alpha as in Section 3.3) is set to 0.995 in all setups

@@ -10,7 +10,7 @@ from acer_torchrl.validation import allowed
 DEFAULT_PRESET = "cartpole"
 
 @allowed(online_share="[0, 1]", updates_per_batch="[1, 1000]", rho_bar="(0, inf)", c_bar="(0, inf)",
-         kl_threshold="(0, inf)", kl_samples="[1, 10000]", value_coef="[0, inf)", entropy_coef="[0, inf)",
+         kl_threshold="(0, inf)", kl_samples="[1, 10000]", critic_coeff="[0, inf)", entropy_coeff="[0, inf)",
          init_std="(0, inf)")
 @dataclass
 class LASERConfig:
@@ -21,8 +21,8 @@ class LASERConfig:
     trust_region: bool = True  # reject steps with beta_KL >= kl_threshold (sec. 4.3); false: plain V-trace
     kl_threshold: float = 0.5  # b of sec. 4.1 (no value in the paper; ours): the largest KL(pi || pi~_mu) kept
     kl_samples: int = 16  # Monte-Carlo draws of beta_KL for Gaussian policies (sec. 4.3)
-    value_coef: float = 0.5  # weight of the value regression
-    entropy_coef: float = 0.01  # entropy cost (the sweep's second hyper-parameter, sec. 5.1)
+    critic_coeff: float = 0.5  # weight of the value regression
+    entropy_coeff: float = 0.01  # entropy cost (the sweep's second hyper-parameter, sec. 5.1)
     init_std: float = 0.5  # continuous actions: initial policy std
     learn_std: bool = True  # continuous actions: learn a state-independent std
 
@@ -63,7 +63,7 @@ _ATARI = {
     "replay.capacity": 200_000,
     "replay.min_size": 10_000,
     "optim.lr": 6e-4,
-    "laser.entropy_coef": 0.01,
+    "laser.entropy_coeff": 0.01,
 }
 
 PRESETS: dict[str, dict] = {
@@ -117,7 +117,7 @@ PRESETS: dict[str, dict] = {
         "replay.capacity": 500_000,
         "replay.min_size": 5_000,
         "optim.lr": 3e-4,
-        "laser.entropy_coef": 1e-3,
+        "laser.entropy_coeff": 1e-3,
         "eval.interval": 50_000,
         "log.checkpoint_interval": 100_000,
     },

@@ -70,7 +70,7 @@ class SweepAgentTrainer(Trainer):
 class SweepConfig:
     """The sweep's own keys (``agents=``, ``mode=``, ``sweep.<field>=``); every other key configures the agents.
 
-    Agent ``i`` trains with ``optim.lr * lr_factors[a]`` and ``laser.entropy_coef * entropy_factors[(a + d) % E]``
+    Agent ``i`` trains with ``optim.lr * lr_factors[a]`` and ``laser.entropy_coeff * entropy_factors[(a + d) % E]``
     with ``a = i % L``, ``d = i // L`` (the L x E grid walked diagonal by diagonal: 9 agents cover the paper's
     3 x 3 grid of sec. 5.1, and the first few differ in both factors), and seed ``seed + i``.
     """
@@ -114,7 +114,7 @@ def parse_sweep_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
     return sweep, rest
 
 
-PER_AGENT_KEYS = ("optim.lr", "laser.entropy_coef", "seed")  # agent i's: base x its grid factors, base seed + i
+PER_AGENT_KEYS = ("optim.lr", "laser.entropy_coeff", "seed")  # agent i's: base x its grid factors, base seed + i
 
 
 def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[Config]]:
@@ -146,7 +146,7 @@ def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[
         cfg = copy.deepcopy(base)
         lr_factor, ent_factor = sweep.factors(i)
         cfg.optim.lr = base.optim.lr * lr_factor
-        cfg.algo.entropy_coef = base.algo.entropy_coef * ent_factor
+        cfg.algo.entropy_coeff = base.algo.entropy_coeff * ent_factor
         cfg.seed = base.seed + i
         cfg.run_dir = str(sweep_dir / f"agent{i}")
         cfg.log.progress = base.log.progress and i == 0  # lock-step agents: agent 0's bar is the sweep's
@@ -333,7 +333,7 @@ def write_sweep_results(
             {
                 "agent": i,
                 "lr": cfg.optim.lr,
-                "entropy_coef": cfg.algo.entropy_coef,
+                "entropy_coeff": cfg.algo.entropy_coeff,
                 "seed": cfg.seed,
                 "eval_return_mean": summary["eval_return_mean"],
                 "env_steps": summary["env_steps"],
@@ -363,7 +363,7 @@ def _plot(curves: list[dict], table: list[dict], path: Path, cfgs: list[Config])
     fig, ax = new_plot((7, 4.5))
     for i, (curve, cfg) in enumerate(zip(curves, cfgs)):
         xs = sorted(curve)
-        label = f"agent {i}: lr {cfg.optim.lr:.2g}, entropy {cfg.algo.entropy_coef:.2g}"
+        label = f"agent {i}: lr {cfg.optim.lr:.2g}, entropy {cfg.algo.entropy_coeff:.2g}"
         ax.plot(xs, [curve[x] for x in xs], alpha=0.6, label=label)
     if table:
         ax.plot([r["env_steps"] for r in table], [r["best_eval_return_mean"] for r in table], "k--", lw=2,
