@@ -74,3 +74,20 @@ def test_cli_prints_one_line_and_exits_2_without_traceback():
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: unknown config key 'optim.lrr'; did you mean optim.lr")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("algo, key, value, read", [
+    ("acer", "acer.delta", 0.7, lambda loss: loss.delta),
+    ("acer", "acer.on_policy", False, lambda loss: loss.on_policy),
+    ("laser", "laser.kl_threshold", 0.3, lambda loss: loss.kl_threshold),
+    ("reactor", "reactor.lam", 0.7, lambda loss: loss.lam),
+    ("vracer", "vracer.D", 0.07, lambda loss: loss.refer.D),
+])
+def test_build_hands_each_config_option_to_the_loss(tmp_path, algo, key, value, read):
+    """``build`` passes a loss its options by name (``algorithms.loss_options``), without listing them."""
+    from acer_torchrl.algorithms import get_algorithm
+    from acer_torchrl.envs import env_info
+
+    cfg = load_config(algo, [f"{key}={value}", f"run_dir={tmp_path}"])
+    loss = get_algorithm(algo).build(cfg, env_info(cfg.env)).loss
+    assert read(loss) == value

@@ -8,7 +8,9 @@ It joins with one line below.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -47,3 +49,13 @@ def get_algorithm(name: str) -> Algorithm:
         raise ConfigError(f"unknown loss '{name}'; choose one of {', '.join(REGISTRY)}")
     module = importlib.import_module(REGISTRY[name])
     return module.ALGORITHM
+
+
+def loss_options(section: Any, loss_cls: type, **given: Any) -> dict[str, Any]:
+    """The keyword arguments of ``loss_cls`` that its config ``section`` (``cfg.algo``) holds, under the same
+    names, with ``given`` (what ``build`` derives: networks' keys, env-dependent values) on top. A loss
+    option is thus written twice, not three times: in the loss's signature (its default, for use without
+    this package) and in the config dataclass (its range and the presets); ``build`` does not list it."""
+    params = inspect.signature(loss_cls.__init__).parameters
+    options = {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.name in params}
+    return {**options, **given}

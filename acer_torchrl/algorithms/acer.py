@@ -11,7 +11,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import Algorithm
+from acer_torchrl.algorithms import Algorithm, loss_options
 from acer_torchrl.config import Config
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import GaussianHead, MLPEncoder, acting_policy, learning_module, make_torso
@@ -59,18 +59,10 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         actor,
         critic,
         advantage,
-        discrete=info.discrete,
-        gamma=cfg.gamma,
-        c=a.c,
-        trust_region=a.trust_region,
-        delta=a.delta,
-        entropy_coeff=a.entropy_coeff,
-        critic_coeff=a.critic_coeff,
-        sdn_samples=a.sdn_samples,
-        replay_ratio=a.replay_ratio,
-        on_policy=info.discrete if a.on_policy is None else a.on_policy,
-        seq_len=cfg.replay.seq_len,
-        hidden_keys=torso.hidden_keys,
+        **loss_options(
+            a, ACERLoss, discrete=info.discrete, gamma=cfg.gamma, seq_len=cfg.replay.seq_len,
+            hidden_keys=torso.hidden_keys, on_policy=info.discrete if a.on_policy is None else a.on_policy,
+        ),
     )
     updaters = [FusedSoftUpdate(loss, eps=a.alpha)] if a.trust_region else []
     return Agent(loss=loss, policy=acting_policy(torso, policy_head, info), torsos=[torso], updaters=updaters)

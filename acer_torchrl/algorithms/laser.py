@@ -10,7 +10,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import Algorithm
+from acer_torchrl.algorithms import Algorithm, loss_options
 from acer_torchrl.config import Config
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import GaussianHead, acting_policy, learning_module, make_torso
@@ -36,19 +36,10 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     )
     loss = LASERLoss(
         network,
-        discrete=info.discrete,
-        gamma=cfg.gamma,
-        seq_len=cfg.replay.seq_len,
-        hidden_keys=torso.hidden_keys,
-        online_share=algo.online_share,
-        updates_per_batch=algo.updates_per_batch,
-        rho_bar=algo.rho_bar,
-        c_bar=algo.c_bar,
-        trust_region=algo.trust_region,
-        kl_threshold=algo.kl_threshold,
-        kl_samples=algo.kl_samples,
-        critic_coeff=algo.critic_coeff,
-        entropy_coeff=algo.entropy_coeff,
+        **loss_options(
+            algo, LASERLoss, discrete=info.discrete, gamma=cfg.gamma, seq_len=cfg.replay.seq_len,
+            hidden_keys=torso.hidden_keys,
+        ),
     )
     return Agent(loss=loss, policy=acting_policy(torso, head, info), torsos=[torso])
 

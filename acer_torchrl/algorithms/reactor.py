@@ -14,7 +14,7 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
 from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import Algorithm
+from acer_torchrl.algorithms import Algorithm, loss_options
 from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
 from acer_torchrl.modules import FrameEncoder, MinAtarCNN, Torso, acting_policy, make_torso
@@ -206,16 +206,10 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     loss = ReactorLoss(
         nets.network,
         nets.q_network,
-        gamma=cfg.gamma,
-        lam=rc.lam,
-        pg=rc.pg,
-        beta_c=rc.beta_c,
-        tislr_c=rc.tislr_c,
-        entropy_scale=rc.entropy_scale,
-        learned_behaviour=rc.behaviour == "learned",
-        seq_len=cfg.replay.seq_len,
-        hidden_keys=hidden_keys,
-        updates_per_batch=rc.updates_per_batch,
+        **loss_options(
+            rc, ReactorLoss, gamma=cfg.gamma, learned_behaviour=rc.behaviour == "learned",
+            seq_len=cfg.replay.seq_len, hidden_keys=hidden_keys,
+        ),
     )
     pi_torso = nets.torsos[1]
     policy = acting_policy(pi_torso, nets.policy_head, info)

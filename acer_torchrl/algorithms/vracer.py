@@ -16,7 +16,7 @@ from torchrl.envs.utils import ExplorationType
 from torchrl.modules import ProbabilisticActor
 
 from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import Algorithm
+from acer_torchrl.algorithms import Algorithm, loss_options
 from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import GaussianHead, MLPEncoder, learning_module, make_torso
@@ -116,18 +116,7 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     loss = VRACERLoss(
         network,
         encoder.standardize,
-        gamma=cfg.gamma,
-        n_start=cfg.replay.min_size,
-        lr=cfg.optim.lr,
-        C=algo.C,
-        A=algo.A,
-        D=algo.D,
-        rule1=algo.rule1,
-        rule2=algo.rule2,
-        steps_per_update=algo.steps_per_update,
-        truncation=algo.truncation,
-        reward_scale_interval=algo.reward_scale_interval,
-        epsilon=algo.epsilon,
+        **loss_options(algo, VRACERLoss, gamma=cfg.gamma, n_start=cfg.replay.min_size, lr=cfg.optim.lr),
     )
     return Agent(loss=loss, policy=acting_policy(torso.module, head, algo.truncation), torsos=[torso])
 
