@@ -12,7 +12,7 @@ from acer_torchrl.cli import run
 from acer_torchrl.config import ConfigError
 from acer_torchrl.envs import MINATAR_MAX_EPISODE_STEPS, EnvConfig, EnvInfo, env_info, make_env
 from acer_torchrl.modules import MinAtarCNN, make_encoder, make_torso
-from acer_torchrl.objectives import reactor
+from acer_torchrl.algorithms import reactor
 
 BREAKOUT = "MinAtar/Breakout-v1"
 
