@@ -197,6 +197,19 @@ def test_discrete_loss_matches_eq7_loop_and_rejects_steps():
     assert torch.all(grad[lam & real].abs().sum(-1) > 0)
 
 
+def test_time_limit_share_counts_truncations_from_the_keys_the_loss_reads():
+    """The replay gathers the loss's ``in_keys`` only: the diagnostic must come from ``done`` and
+    ``terminated`` (rows 1 and 3 of the layout are truncated, row 0 terminates), not a ``truncated`` key."""
+    loss = make_loss(discrete=True)
+    td = make_batch(A + 1, discrete_stats, seed=3)
+    assert ("next", "truncated") not in loss.in_keys
+    out = loss(td.exclude(("next", "truncated")))
+    real = td["mask"]
+    expected = float((td["next", "truncated"].squeeze(-1) & real).sum() / real.sum())
+    assert expected > 0
+    assert out["time_limit_share"].item() == pytest.approx(expected)
+
+
 def test_rejected_step_stops_the_bootstrap():
     """Row 4 runs through the window; mu == pi except at step 3, which is rejected. Rewards from step 3 on
     must not reach steps 0-2 (their trace products hold lambda_3 = 0); without the trust region they do."""

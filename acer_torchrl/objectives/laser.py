@@ -173,7 +173,7 @@ class LASERLoss(ReplayLoss):
     def out_keys(self) -> list[str]:
         return [
             "loss_objective", "loss_critic", "loss_entropy", "entropy", "beta_kl", "rejected_share",
-            "rho", "rho_clipped_share", "value_target", "truncated_share",
+            "rho", "rho_clipped_share", "value_target", "time_limit_share",
         ]
 
     # ------------------------------------------------------------------ trainer hooks
@@ -252,7 +252,8 @@ class LASERLoss(ReplayLoss):
 
         with torch.no_grad():
             rho = log_rho.exp()
-            truncated = nxt.get("truncated", torch.zeros_like(terminated)).reshape(shape)
+            # the replay hands the loss its in_keys only: a time-limit end is a done step that did not terminate
+            time_limit = done & ~terminated
             rejected = torch.zeros_like(mask) if relevance is None else ~relevance
             return TensorDict(
                 {
@@ -265,7 +266,7 @@ class LASERLoss(ReplayLoss):
                     "rho": masked_mean(rho, mask),
                     "rho_clipped_share": masked_mean((rho > self.rho_bar).float(), mask),
                     "value_target": masked_mean(value_target, mask),
-                    "truncated_share": masked_mean(truncated.float(), mask),
+                    "time_limit_share": masked_mean(time_limit.float(), mask),
                 },
                 batch_size=[],
             )
