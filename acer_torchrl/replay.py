@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
@@ -76,6 +77,41 @@ def as_rows(batch: TensorDictBase) -> TensorDictBase:
     if batch.ndim == 1:
         return batch.unsqueeze(0)
     return batch.reshape(-1, batch.shape[-1])
+
+
+class Replay(Protocol):
+    """What the trainer and the losses' hooks use of a replay: :class:`EpisodeReplay` is one, the sweep's
+    per-agent view of a shared replay (:class:`~acer_torchrl.shared_replay.AgentReplay`) another.
+
+    Steps are written as collected (``extend`` returns their slots) and read back as ``[B, T]`` sequences
+    that never cross an episode boundary (``"mask"`` marks the real steps, ``"slot"`` their slots) or as
+    single steps; ``update`` and ``column`` are the write-back and whole-replay statistics of the losses
+    that store estimates (V-RACER; its further needs are :class:`~acer_torchrl.objectives.vracer.EpisodeStore`).
+    """
+
+    steps_missing: int  # env steps the collectors ran but never delivered
+
+    def __len__(self) -> int: ...
+
+    def extend(self, batch: TensorDictBase) -> torch.Tensor: ...
+
+    def sample_sequences(self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None) -> TensorDictBase: ...
+
+    def sample_steps(self, batch_size: int, keys: list[NestedKey] | None = None) -> TensorDictBase: ...
+
+    def refresh_recurrent_state(
+        self, sample: TensorDictBase, unroll: TensorDictModuleBase, hidden_keys: list[str]
+    ) -> None: ...
+
+    def zero_recurrent_state(self, sample: TensorDictBase, hidden_keys: list[str]) -> None: ...
+
+    def update(self, slots: torch.Tensor, values: TensorDictBase) -> None: ...
+
+    def column(self, key: NestedKey, alive_only: bool = True) -> torch.Tensor: ...
+
+    def save(self, path: Path) -> None: ...
+
+    def load(self, path: Path) -> None: ...
 
 
 class EpisodeReplay:

@@ -37,7 +37,7 @@ from acer_torchrl.envs import env_info, make_env_fn
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config
 from acer_torchrl.health import Health
 from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, plot_learning_curve
-from acer_torchrl.replay import EpisodeReplay, OnlineWindows
+from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay
 from acer_torchrl.rundir import prepare_run_dir
 
 
@@ -108,7 +108,7 @@ class Trainer:
             params, lr=cfg.optim.lr, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay, fused=True
         )
         self.params = params
-        self.replay = self.make_replay()
+        self.replay: Replay = self.make_replay()
         self.online = OnlineWindows(self.loss.seq_len)
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard)
@@ -122,7 +122,7 @@ class Trainer:
         else:
             dump_yaml(cfg, self.run_dir / "config.yaml")
 
-    def make_replay(self) -> EpisodeReplay:
+    def make_replay(self) -> Replay:
         """The replay this run stores its experience in. A shared-replay sweep overrides it to hand every
         agent a view of one common replay (:mod:`acer_torchrl.shared_replay`)."""
         scratch = self.run_dir / "replay_storage" if self.cfg.replay.memmap else None

@@ -5,6 +5,7 @@ their own network, and a short sweep end to end."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import socket
 import threading
@@ -20,7 +21,7 @@ from torchrl.modules import set_recurrent_mode
 from acer_torchrl.config import ConfigError, dump_yaml
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import make_torso
-from acer_torchrl.replay import EpisodeReplay
+from acer_torchrl.replay import EpisodeReplay, Replay
 from acer_torchrl.shared_replay import (
     AGENT_KEY,
     AgentReplay,
@@ -91,6 +92,20 @@ def check_round_trip(sample: TensorDict) -> set[int]:
         assert (real[:, :2] == real[0, :2]).all(), "a sequence mixes agents or trajectories"
         assert torch.equal(real[:, 2], real[0, 2] + torch.arange(len(real)).float())
     return set(ids[mask].tolist())
+
+
+@pytest.mark.parametrize("cls", [EpisodeReplay, AgentReplay])
+def test_both_replays_implement_the_declared_replay_protocol(cls):
+    """Every method of :class:`Replay` exists with the same parameters (the trainer calls them by keyword
+    too), and ``steps_missing`` is readable: a sweep agent's view is a drop-in for the run's own replay."""
+    members = [name for name, value in vars(Replay).items() if callable(value) and not name.startswith("_")]
+    assert {"extend", "sample_sequences", "update", "column", "save", "load"} <= set(members)
+    for name in [*members, "__len__"]:
+        declared = list(inspect.signature(getattr(Replay, name)).parameters)
+        assert list(inspect.signature(getattr(cls, name)).parameters) == declared, f"{cls.__name__}.{name}"
+    assert "steps_missing" in Replay.__annotations__
+    replay = EpisodeReplay(8) if cls is EpisodeReplay else AgentReplay(SharedReplay(EpisodeReplay(8), 1), 0, 1, owner=True)
+    assert replay.steps_missing == 0 and len(replay) == 0
 
 
 def test_agent_ids_and_behaviour_stats_survive_the_shared_replay():
