@@ -21,6 +21,7 @@ from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import learning_module, make_torso
 from acer_torchrl.objectives.laser import LASERLoss
+from acer_torchrl.objectives.updaters import target_updater
 from windows import padded_window
 
 GAMMA, RHO_BAR, C_BAR = 0.9, 1.5, 1.0
@@ -208,6 +209,51 @@ def test_time_limit_share_counts_truncations_from_the_keys_the_loss_reads():
     expected = float((td["next", "truncated"].squeeze(-1) & real).sum() / real.sum())
     assert expected > 0
     assert out["time_limit_share"].item() == pytest.approx(expected)
+
+
+class ShiftedReadOut(ReadOut):
+    """:class:`ReadOut` whose value carries a learnable shift (the one parameter a target copy can differ in)."""
+
+    def __init__(self):
+        super().__init__(discrete=True)
+        self.shift = nn.Parameter(torch.zeros((), dtype=torch.float64))
+
+    def forward(self, obs):
+        logits, value = super().forward(obs)
+        return logits, value + self.shift
+
+
+def test_target_network_builds_the_vtrace_targets_and_is_copied_by_its_updater():
+    """With ``target_update`` every V inside the V-trace targets is the target copy's: shifting the learning
+    network's values (the copy keeps the shift it was made with, 0) leaves the targets and the advantages
+    (``loss_objective``) as a shift-0 network's, while without a target they move with the shift. After
+    ``target_update`` updater steps the copy holds the shift too."""
+    td = make_batch(A + 1, discrete_stats, seed=3)
+
+    def loss_with(target_update: int, shift: float):
+        readout = ShiftedReadOut()
+        net = TensorDictSequential(TensorDictModule(readout, in_keys=["observation"], out_keys=["logits", "state_value"]))
+        loss = LASERLoss(net, discrete=True, gamma=GAMMA, seq_len=T, rho_bar=RHO_BAR, c_bar=C_BAR, kl_threshold=0.3,
+                         target_update=target_update)
+        updater = target_updater(loss, target_update) if target_update else None  # made with the loss, as build does
+        with torch.no_grad():
+            readout.shift.fill_(shift)  # the learning network moves on; the copy keeps shift 0
+        return loss, updater
+
+    unshifted = loss_with(0, 0.0)[0](td.clone())
+    shifted = loss_with(0, 0.5)[0](td.clone())
+    loss, updater = loss_with(3, 0.5)
+    with_target = loss(td.clone())
+    for key in ("value_target", "loss_objective"):
+        torch.testing.assert_close(with_target[key], unshifted[key], rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(shifted[key], unshifted[key])
+    assert with_target["loss_critic"] != unshifted["loss_critic"]  # the regressed V is the shifted one
+
+    for _ in range(3):
+        torch.testing.assert_close(loss(td.clone())["value_target"], unshifted["value_target"])
+        updater.step()
+    for key in ("value_target", "loss_objective", "loss_critic"):
+        torch.testing.assert_close(loss(td.clone())[key], shifted[key], rtol=1e-12, atol=1e-12)
 
 
 def test_rejected_step_stops_the_bootstrap():

@@ -16,6 +16,7 @@ from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import GaussianHead, acting_policy, learning_module, make_torso
 from acer_torchrl.objectives.common import policy_keys
 from acer_torchrl.objectives.laser import LASERLoss
+from acer_torchrl.objectives.updaters import target_updater
 from acer_torchrl.settings.laser import DEFAULT_PRESET, PRESETS, LASERConfig
 
 
@@ -41,7 +42,8 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
             hidden_keys=torso.hidden_keys,
         ),
     )
-    return Agent(loss=loss, policy=acting_policy(torso, head, info), torsos=[torso])
+    updaters = [target_updater(loss, algo.target_update)] if algo.target_update else []
+    return Agent(loss=loss, policy=acting_policy(torso, head, info), torsos=[torso], updaters=updaters)
 
 
 ALGORITHM = Algorithm("laser", LASERConfig, build, PRESETS, default_preset=DEFAULT_PRESET)

@@ -19,7 +19,7 @@ from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
 from acer_torchrl.modules import FrameEncoder, MinAtarCNN, Torso, acting_policy, make_torso
 from acer_torchrl.objectives.reactor import ReactorLoss
-from acer_torchrl.objectives.updaters import FusedHardUpdate
+from acer_torchrl.objectives.updaters import target_updater
 from acer_torchrl.settings.reactor import DEFAULT_PRESET, PRESETS, ReactorConfig
 
 
@@ -177,14 +177,6 @@ def make_networks(
 # ----------------------------------------------------------------------------------------------
 # Build
 # ----------------------------------------------------------------------------------------------
-
-
-def target_updater(loss: ReactorLoss, period: int) -> FusedHardUpdate:
-    """Copies the current parameters into the target ones every ``period`` learner steps (sec. 3.4).
-
-    TorchRL's ``HardUpdate`` copies on the ``(interval + 1)``-th call of ``step()``, hence ``period - 1``.
-    """
-    return FusedHardUpdate(loss, value_network_update_interval=period - 1)
 
 
 def build(cfg: Config, info: EnvInfo) -> Agent:

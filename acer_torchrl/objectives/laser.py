@@ -76,7 +76,9 @@ class LASERLoss(ReplayLoss):
     * ``lambda_t = 1[beta_KL(s_t) < b]`` (sec. 4.1; all ones when ``trust_region`` is off);
     * ``v_t`` and ``A_t``: V-trace targets and advantages with relevance ``lambda`` (eq. 7, IMPALA eq. 1
       and sec. 4.2), bootstrapping on ``V(s_{t+1})`` at window ends, padding and truncations, and on 0
-      at terminations;
+      at terminations; with ``target_update > 0`` every ``V`` in them (not the one regressed) is a copy
+      of the network refreshed every ``target_update`` updates (not in the paper: a DQN-style target
+      that keeps the bootstrapped critic from diverging at long horizons);
     * over the relevant real steps ``K`` (mask and ``lambda``):
       ``loss_objective = -mean_K[A_t log pi(a_t|s_t)]`` (eq. 2 with the baseline ``V(s_t)``),
       ``loss_critic = critic_coeff mean_K[(v_t - V(s_t))^2 / 2]``,
@@ -134,9 +136,14 @@ class LASERLoss(ReplayLoss):
         kl_samples: int = 16,
         critic_coeff: float = 0.5,
         entropy_coeff: float = 0.01,
+        target_update: int = 0,
     ):
         super().__init__()
-        self.network = network
+        if target_update:  # target_network_params, copied by objectives.updaters.target_updater
+            self.convert_to_functional(network, "network", create_target_params=True)
+        else:
+            self.network = network
+        self.target_update = target_update
         self.discrete = discrete
         self.gamma = gamma
         self.seq_len = seq_len
@@ -195,6 +202,17 @@ class LASERLoss(ReplayLoss):
             lambda step: self.network(step).get(self.tensor_keys.value),
         )
 
+    def _bootstrap_values(
+        self, td: TensorDictBase, mask: torch.Tensor, out: TensorDictBase, bootstrap: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``V(s_t)`` and ``V(s_{t+1})`` as the V-trace targets read them: the learning network's (``out``),
+        or with ``target_update`` the target copy's, unrolled on the same sequences."""
+        if not self.target_update:
+            return out.get(self.tensor_keys.value).detach(), self._next_state_value(td, out, bootstrap)
+        with self.target_network_params.to_module(self.network):
+            target_out = self._unroll(td, mask)
+            return target_out.get(self.tensor_keys.value), self._next_state_value(td, target_out, bootstrap)
+
     def behaviour_relevance(self, pi_stats: TensorDictBase, mu_stats: TensorDictBase) -> torch.Tensor:
         """``beta_KL(s) = KL(pi(.|s) || pi~_mu(.|s))`` per step, ``[B, T, 1]`` (LASER sec. 4.3, eq. 3/8).
 
@@ -239,9 +257,9 @@ class LASERLoss(ReplayLoss):
             log_rho = log_pi - td.get(keys.behaviour_log_prob).reshape(shape)
             beta = self.behaviour_relevance(pi_stats.detach(), td.get(keys.behaviour))
             relevance = beta < self.kl_threshold if self.trust_region else None
-            next_value = self._next_state_value(td, out, cut & ~terminated)
+            bootstrap_value, next_value = self._bootstrap_values(td, mask, out, cut & ~terminated)
             value_target, advantage = vtrace(
-                self.gamma, reward, value.detach(), next_value, log_rho, terminated, cut,
+                self.gamma, reward, bootstrap_value, next_value, log_rho, terminated, cut,
                 rho_bar=self.rho_bar, c_bar=self.c_bar, relevance=relevance,
             )
         keep = mask if relevance is None else mask & relevance  # rejected steps leave every loss

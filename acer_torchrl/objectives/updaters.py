@@ -51,3 +51,10 @@ class FusedHardUpdate(_FusedPairs, HardUpdate):
             self.counter = 0
         else:
             self.counter += 1
+
+
+def target_updater(loss, period: int) -> FusedHardUpdate:
+    """Copies ``loss``'s current parameters into its target ones every ``period`` learner steps (Reactor's
+    target network, sec. 3.4; LASER's optional one). TorchRL's ``HardUpdate`` copies on the
+    ``(interval + 1)``-th call of ``step()``, hence ``period - 1``."""
+    return FusedHardUpdate(loss, value_network_update_interval=period - 1)

@@ -11,7 +11,7 @@ DEFAULT_PRESET = "cartpole"
 
 @allowed(online_share="[0, 1]", updates_per_batch="[1, 1000]", rho_bar="(0, inf)", c_bar="(0, inf)",
          kl_threshold="(0, inf)", kl_samples="[1, 10000]", critic_coeff="[0, inf)", entropy_coeff="[0, inf)",
-         init_std="(0, inf)")
+         init_std="(0, inf)", target_update="[0, 1000000]")
 @dataclass
 class LASERConfig:
     online_share: float = 0.125  # share of fresh online windows per batch (sec. 3: 1/8); 0 = pure replay
@@ -22,6 +22,9 @@ class LASERConfig:
     kl_threshold: float = 0.5  # b of sec. 4.1 (no value in the paper; ours): the largest KL(pi || pi~_mu) kept
     kl_samples: int = 16  # Monte-Carlo draws of beta_KL for Gaussian policies (sec. 4.3)
     critic_coeff: float = 0.5  # weight of the value regression
+    # updates between copies of the network whose values build the V-trace targets; 0: none, the targets read
+    # the learning network (the paper's). Ours: the critic diverges without one at gamma 0.999 (CartPole)
+    target_update: int = 0
     entropy_coeff: float = 0.01  # entropy cost (the sweep's second hyper-parameter, sec. 5.1)
     init_std: float = 0.5  # continuous actions: initial policy std
     learn_std: bool = True  # continuous actions: learn a state-independent std
