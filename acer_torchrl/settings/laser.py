@@ -76,6 +76,10 @@ PRESETS: dict[str, dict] = {
         # the track after ~300 steps; at 0.99 a state 300 steps from that end is worth 95 against 100 for a safe
         # one (5 %), at 0.999 259 against 1 000 (benchmarks/results/cartpole-stability.md)
         "gamma": 0.999,
+        # a target network for the V-trace targets (not in the paper): without one the critic diverged at 0.999
+        # (mean targets past 1 / (1 - gamma) = 1 000, then swinging) and the greedy policy fell with it;
+        # benchmarks/results/learning.md, 2026-11-24
+        "laser.target_update": 50,
     },
     # CartPole without velocities: memory is needed; LSTM state refreshed from each episode's start (App. A.2)
     "cartpole_pomdp": {
