@@ -240,10 +240,25 @@ class Trainer:
         self.counters.updates += 1
         self.loss.after_update(batch, out, self.replay)
         names = [k for k, v in out.items() if v.numel() >= 1]
-        means = [out.get(k).detach().float().mean() for k in names] + [grad_norm.detach().float()]
+        # a loss may report a statistic computed on the replay's device (V-RACER's far share: CPU)
+        means = [out.get(k).detach().float().mean().to(grad_norm.device) for k in names] + [grad_norm.detach().float()]
         stats = dict(zip([*names, "grad_norm"], torch.stack(means).tolist()))  # one device sync, not one per entry
         self.watch_health(stats)
         return stats
+
+    def fill_replay(self, steps: int) -> None:
+        """Store at least ``steps`` env steps collected in this process with the acting policy, taking no
+        update: a filled replay for timing updates (``benchmarks/update_cost.py``) or comparing devices."""
+        collector = self.make_collector(10**12)
+        try:
+            batches = iter(collector)
+            while len(self.replay) < steps:
+                batch = self.loss.preprocess(next(batches))
+                slots = self.replay.extend(batch.exclude(*self.agent.activation_keys))
+                self.loss.after_extend(batch, slots, self.replay)
+                self.online.push(batch)
+        finally:
+            collector.shutdown()
 
     def lr_schedule(self) -> float:
         """``optim.lr``'s factor at this point of the run: linear from 1 to ``optim.lr_end_factor``."""

@@ -31,14 +31,7 @@ def main() -> None:
     cfg = load_config(args.algo, [f"preset={args.preset}", "collector.workers=0", f"run_dir={run_dir}/run",
                                   "log.progress=false", *overrides])
     trainer = Trainer(cfg)
-    collector = trainer.make_collector(10**9)
-    steps = iter(collector)
-    while len(trainer.replay) < max(2_000, cfg.replay.min_size + 500):
-        batch = trainer.loss.preprocess(next(steps))
-        slots = trainer.replay.extend(batch.exclude(*trainer.agent.activation_keys))
-        trainer.loss.after_extend(batch, slots, trainer.replay)
-        trainer.online.push(batch)
-    collector.shutdown()
+    trainer.fill_replay(max(2_000, cfg.replay.min_size + 500))
     torch.set_num_threads(1)
     shares = [s for _ in range(args.updates) for s in trainer.loss.update_plan(trainer.rng)][: args.updates]
     shares += [0.0] * (args.updates - len(shares))
