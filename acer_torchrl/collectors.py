@@ -27,8 +27,6 @@ with an ``atexit`` hook that runs before ``multiprocessing``'s and shuts down ev
 from __future__ import annotations
 
 import atexit
-import os
-import signal
 import multiprocessing.util  # noqa: F401  (registers its exit handler now: ours, registered below, runs first)
 import weakref
 from collections.abc import Callable, Sequence
@@ -42,6 +40,7 @@ from torchrl.envs import EnvBase
 from torchrl.weight_update import SharedMemWeightSyncScheme
 
 from acer_torchrl._torchrl_compat import weight_sync_schemes
+from acer_torchrl.processes import ignore_learner_signals
 
 WORKER_SEED_STRIDE = 1_000  # worker i's seeds start at seed + WORKER_SEED_STRIDE * i
 
@@ -112,14 +111,7 @@ class _WorkerEnv:
     seed_env: bool
 
     def __call__(self) -> EnvBase:
-        # Ctrl-C reaches every process of the terminal's foreground group: the learner checkpoints and then
-        # shuts the workers down itself
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if "SLURM_JOB_ID" in os.environ:
-            # SLURM signals every process of a job on requeue/preemption; the learner process handles it
-            # (submitit checkpoint + requeue) and shuts the workers down itself, SIGKILL still ends them.
-            for sig in (signal.SIGTERM, signal.SIGUSR2):
-                signal.signal(sig, signal.SIG_IGN)
+        ignore_learner_signals()
         torch.manual_seed(self.seed)
         np.random.seed(self.seed % 2**32)
         env = self.create_env_fn()

@@ -18,13 +18,10 @@ on where it ran.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
 import queue
-import signal
-import threading
 import traceback
 import weakref
 from collections.abc import Callable
@@ -34,6 +31,7 @@ import torch
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from acer_torchrl.processes import ignore_learner_signals, learner_signals_ignored
 from acer_torchrl.settings.env import EnvConfig
 
 Result = tuple[Any, float, float]  # (the caller's tag, mean return, std of the returns)
@@ -93,31 +91,10 @@ _OPEN: weakref.WeakSet = weakref.WeakSet()
 atexit.register(lambda: [e.close() for e in list(_OPEN)])
 
 
-def _stop_signals() -> list[signal.Signals]:
-    """The signals meant for the learner alone: Ctrl-C, and under SLURM its requeue / preemption signals."""
-    return [signal.SIGINT] + ([signal.SIGTERM, signal.SIGUSR2] if "SLURM_JOB_ID" in os.environ else [])
-
-
-@contextlib.contextmanager
-def _signals_ignored():
-    """Ignore :func:`_stop_signals` while a child process starts (an ignored signal stays ignored in it, and
-    Python keeps it so): the learner handles them, and closes the evaluation process itself."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _stop_signals()}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def _serve(policy, make_env: Callable[[], EnvBase], max_steps: int, requests, replies, parent: int) -> None:
     """The evaluation process: plays the games for each ``(tag, weights)`` request, replies ``(tag, mean,
     std)`` (or ``(_FAILED, traceback)``); stops on ``None`` or when its parent is gone."""
-    for sig in _stop_signals():  # already ignored since the start (_signals_ignored); kept so
-        signal.signal(sig, signal.SIG_IGN)
+    ignore_learner_signals()  # already ignored since its start (learner_signals_ignored); kept so
     torch.set_num_threads(1)
     try:
         env = make_env()
@@ -152,7 +129,7 @@ class BackgroundEvaluator:
             daemon=True,
             name="acer-torchrl-evaluator",
         )
-        with _signals_ignored():  # inherited from the start: a Ctrl-C during its imports must not reach it
+        with learner_signals_ignored():  # inherited from the start: a Ctrl-C during its imports must not reach it
             self._process.start()
         _OPEN.add(self)
 
