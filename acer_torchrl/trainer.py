@@ -67,16 +67,30 @@ class Counters:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto``: a GPU when torch sees one; the tasks of a SLURM job sharing a node take its GPUs in turn
+    by their local rank (``SLURM_LOCALID``), so that two agents of a sweep do not share ``cuda:0``."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", int(os.environ.get("SLURM_LOCALID", "0")) % torch.cuda.device_count())
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise TrainingError(f"device={name} but no CUDA device is visible; use device=cpu or device=auto")
     return torch.device(name)
 
 
+def available_cores() -> int:
+    """The cores this process may use: SLURM's share for the task (``SLURM_CPUS_PER_TASK``) inside a job,
+    else the CPU affinity (a container's or ``taskset``'s limit), else the machine's count."""
+    if os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return int(os.environ["SLURM_CPUS_PER_TASK"])
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def learner_threads(cfg: Config) -> int:
     """``cfg.threads``, or (0) the cores the collector workers leave free, at least one."""
-    return cfg.threads or max(1, (os.cpu_count() or 1) - cfg.collector.workers)
+    return cfg.threads or max(1, available_cores() - cfg.collector.workers)
 
 
 def default_run_dir(cfg: Config) -> Path:

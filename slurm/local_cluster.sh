@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A real one-node SLURM cluster for tests and CI: munge + MariaDB + slurmdbd (accounting, so that
-# submitit reads job states) + slurmctld + slurmd, all on loopback, all state under one directory.
+# A real SLURM cluster on one machine for tests and CI: munge + MariaDB + slurmdbd (accounting, so that
+# submitit reads job states) + slurmctld + slurmd, all state under one directory.
 #
 #   bash slurm/local_cluster.sh start    # install missing Debian packages, write configs, start, wait
+#   bash slurm/local_cluster.sh start --nodes 2   # two compute nodes, each in a network namespace of its own
 #   bash slurm/local_cluster.sh status   # which daemons run, sinfo
 #   bash slurm/local_cluster.sh stop     # cancel jobs, stop only the daemons this script started
 #
@@ -11,6 +12,12 @@
 # /etc/slurm/slurm.conf -> $ACER_SLURM_DIR/etc/slurm.conf, made by `start` when that path is free
 # and removed by `stop`; otherwise `export SLURM_CONF=$ACER_SLURM_DIR/etc/slurm.conf`.
 # Needs root (Debian 12 packages, daemons run as root and munge). Tested with Slurm 22.05, MariaDB 10.11.
+#
+# One node (the default): slurmd is this machine, on loopback. With --nodes N > 1 each node acer-node<i> is a
+# slurmd in a network namespace and a UTS namespace of its own (its own hostname and address 10.77.0.<10+i>,
+# a veth pair on the bridge acer-br0 whose host side, 10.77.0.1, is where slurmctld is reached): jobs on two
+# nodes talk over a real IP network, but the machine's disk, cores and memory are shared (no real latency or
+# bandwidth limit). `stop` removes the namespaces and the bridge it made.
 set -euo pipefail
 
 D=${ACER_SLURM_DIR:-/tmp/acer-slurm}
@@ -24,17 +31,65 @@ export SLURM_CONF=$D/etc/slurm.conf
 MUNGE_SOCKET=$D/munge/munge.socket.2
 DB_SOCKET=$D/mysql/mysqld.sock
 DB_PASS=acer-slurm-local
+BRIDGE=acer-br0
+SUBNET=10.77.0
+NODES_FILE=$D/etc/nodes  # the node count of the running cluster, for stop and status
+HOSTS_MARK="# acer-local-cluster"  # the /etc/hosts lines naming the nodes (as a cluster's DNS would) end so
 
 die() { echo "local_cluster.sh: $*" >&2; exit 1; }
 log() { echo "[local_cluster] $*"; }
 
-# pid_of NAME: the PID recorded for daemon NAME if that process is alive and is NAME, else nothing.
+# pid_of NAME [COMM]: the PID recorded in run/NAME.pid if that process is alive and is COMM (default NAME).
 pid_of() {
     local f=$D/run/$1.pid pid
     [[ -s $f ]] || return 0
     pid=$(tr -dc '0-9' <"$f")
-    [[ -n $pid && -r /proc/$pid/comm && $(cat "/proc/$pid/comm") == "$1" ]] && echo "$pid"
+    [[ -n $pid && -r /proc/$pid/comm && $(cat "/proc/$pid/comm") == "${2:-$1}" ]] && echo "$pid"
     return 0
+}
+
+node_count() { if [[ -s $NODES_FILE ]]; then cat "$NODES_FILE"; else echo 1; fi; }
+
+# net_up N: the bridge and, per node i, its namespace acer-node<i> with address $SUBNET.<10+i>.
+net_up() {
+    local i ns
+    ip link show "$BRIDGE" >/dev/null 2>&1 || {
+        ip link add "$BRIDGE" type bridge
+        ip addr add "$SUBNET.1/24" dev "$BRIDGE"
+    }
+    ip link set "$BRIDGE" up
+    for ((i = 1; i <= $1; i++)); do
+        ns=acer-node$i
+        ip netns list | grep -qw "$ns" && continue
+        ip netns add "$ns"
+        ip link add "acer-veth$i" type veth peer name eth0 netns "$ns"
+        ip link set "acer-veth$i" master "$BRIDGE" up
+        ip -n "$ns" addr add "$SUBNET.$((10 + i))/24" dev eth0
+        ip -n "$ns" link set lo up
+        ip -n "$ns" link set eth0 up
+        ip -n "$ns" route add default via "$SUBNET.1"
+    done
+    # the node names resolve (jobs find their peers by SLURM_JOB_NODELIST, e.g. torch.distributed's master)
+    for ((i = 1; i <= $1; i++)); do
+        grep -q "^$SUBNET.$((10 + i)) acer-node$i $HOSTS_MARK\$" /etc/hosts ||
+            echo "$SUBNET.$((10 + i)) acer-node$i $HOSTS_MARK" >>/etc/hosts
+    done
+}
+
+# net_down: remove every namespace acer-node<i> (their veth pairs go with them) and the bridge.
+net_down() {
+    local ns
+    for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^acer-node[0-9]+$/ {print $1}'); do
+        ip netns del "$ns" && log "removed network namespace $ns"
+    done
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE" && log "removed bridge $BRIDGE"; fi
+    if grep -q "$HOSTS_MARK\$" /etc/hosts; then
+        # rewritten in place: /etc/hosts may be a mount point, which a rename (sed -i) cannot replace
+        local kept
+        kept=$(grep -v "$HOSTS_MARK\$" /etc/hosts || true)
+        printf '%s\n' "$kept" >/etc/hosts
+        log "removed the node names from /etc/hosts"
+    fi
 }
 
 # wait_for SECONDS WHAT CMD...: retry CMD every 0.5 s until it succeeds, or fail naming the log dir.
@@ -63,26 +118,40 @@ install_packages() {
 }
 
 write_configs() {
-    local node mem
+    local n=$1 node mem host nodes="" ctld_addr=127.0.0.1 d_files="" i
     # First line of `slurmd -C` describes this machine; leave ~1 GiB of memory to the daemons.
     node=$(slurmd -C | head -n1)
     mem=$(sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' <<<"$node")
     [[ -n $mem ]] || die "cannot read RealMemory from 'slurmd -C': $node"
-    node="${node/RealMemory=$mem/RealMemory=$((mem > 2048 ? mem - 1024 : mem))} NodeAddr=127.0.0.1 State=UNKNOWN"
+    node="${node/RealMemory=$mem/RealMemory=$((mem > 2048 ? mem - 1024 : mem))}"
+    if ((n == 1)); then
+        nodes="$node NodeAddr=127.0.0.1 State=UNKNOWN"
+        d_files="SlurmdSpoolDir=$D/spool/d
+SlurmdPidFile=$D/run/slurmd.pid
+SlurmdLogFile=$D/log/slurmd.log"
+    else
+        # every node is described as this machine (they share its cores and memory)
+        host=$(sed -n 's/^NodeName=\([^ ]*\).*/\1/p' <<<"$node")
+        for ((i = 1; i <= n; i++)); do
+            nodes+="${node/NodeName=$host/NodeName=acer-node$i} NodeAddr=$SUBNET.$((10 + i)) State=UNKNOWN"$'\n'
+        done
+        ctld_addr=$SUBNET.1
+        d_files="SlurmdSpoolDir=$D/spool/d-%n
+SlurmdPidFile=$D/run/slurmd-%n.pid
+SlurmdLogFile=$D/log/slurmd-%n.log"
+    fi
     cat >"$D/etc/slurm.conf.new" <<EOF
-# Written by slurm/local_cluster.sh: one-node cluster on loopback.
+# Written by slurm/local_cluster.sh: $n node(s).
 ClusterName=$CLUSTER
-SlurmctldHost=$(hostname -s)(127.0.0.1)
+SlurmctldHost=$(hostname -s)($ctld_addr)
 SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
 StateSaveLocation=$D/spool/ctld
-SlurmdSpoolDir=$D/spool/d
 SlurmctldPidFile=$D/run/slurmctld.pid
-SlurmdPidFile=$D/run/slurmd.pid
 SlurmctldLogFile=$D/log/slurmctld.log
-SlurmdLogFile=$D/log/slurmd.log
+$d_files
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -98,7 +167,7 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$DBD_PORT
 AccountingStoragePass=$MUNGE_SOCKET
 JobAcctGatherType=jobacct_gather/none
-$node
+$nodes
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
     if cmp -s "$D/etc/slurm.conf.new" "$SLURM_CONF"; then
@@ -173,19 +242,48 @@ start_slurmdbd() {
     fi
 }
 
-node_idle() { timeout 10 sinfo -h -N -o '%t' | grep -qx 'idle'; }
+# nodes_idle N: sinfo lists N nodes, all idle
+nodes_idle() { [[ $(timeout 10 sinfo -h -N -o '%t' | grep -cx 'idle') == "$1" ]]; }
+
+# start_slurmd N: one slurmd on this machine, or one per node namespace (its hostname set in a UTS namespace)
+start_slurmd() {
+    local i
+    if (($1 == 1)); then
+        [[ -z $(pid_of slurmd) ]] && slurmd -f "$SLURM_CONF"
+        return 0
+    fi
+    for ((i = 1; i <= $1; i++)); do
+        mkdir -p "$D/spool/d-acer-node$i"
+        [[ -n $(pid_of "slurmd-acer-node$i" slurmd) ]] && continue
+        # nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup mounts slurmd initialises from
+        nsenter --net="/run/netns/acer-node$i" unshare --uts sh -c "hostname acer-node$i && exec slurmd -f '$SLURM_CONF'"
+    done
+}
 
 start() {
+    local n=1
+    while (($#)); do
+        case $1 in
+        --nodes) n=${2:-}; shift 2 || die "--nodes needs a count" ;;
+        *) die "start: unknown option $1 (only --nodes N)" ;;
+        esac
+    done
+    [[ $n =~ ^[1-9][0-9]?$ ]] || die "--nodes must be a count from 1 to 99, got '$n'"
     mkdir -p "$D"/{etc,run,log,munge,mysql,spool/ctld,spool/d}
+    if [[ -n $(pid_of slurmctld) && $(node_count) != "$n" ]]; then
+        die "a $(node_count)-node cluster is running; stop it first"
+    fi
     install_packages
-    write_configs
+    if ((n > 1)); then net_up "$n"; fi
+    write_configs "$n"
+    echo "$n" >"$NODES_FILE"
     start_munge
     start_mariadb
     start_slurmdbd
     [[ -z $(pid_of slurmctld) ]] && slurmctld -f "$SLURM_CONF"
     wait_for 30 slurmctld timeout 10 scontrol ping
-    [[ -z $(pid_of slurmd) ]] && slurmd -f "$SLURM_CONF"
-    wait_for 60 "node (sinfo idle)" node_idle
+    start_slurmd "$n"
+    wait_for 60 "$n node(s) (sinfo idle)" nodes_idle "$n"
     wait_for 30 sacct timeout 10 sacct -n -X
     if [[ ! -e $LINK || $(readlink "$LINK") == "$SLURM_CONF" ]]; then
         mkdir -p "$(dirname "$LINK")"
@@ -193,14 +291,14 @@ start() {
     else
         log "$LINK belongs to another cluster; use: export SLURM_CONF=$SLURM_CONF"
     fi
-    log "cluster '$CLUSTER' up: partition '$PARTITION', state in $D"
+    log "cluster '$CLUSTER' up: $n node(s), partition '$PARTITION', state in $D"
     sinfo
 }
 
-# stop_daemon NAME: TERM the recorded PID, KILL it after 20 s.
+# stop_daemon NAME [COMM]: TERM the PID recorded in run/NAME.pid, KILL it after 20 s.
 stop_daemon() {
     local pid i
-    pid=$(pid_of "$1")
+    pid=$(pid_of "$1" "${2:-$1}")
     [[ -z $pid ]] && { rm -f "$D/run/$1.pid"; return 0; }
     kill -TERM "$pid"
     for ((i = 0; i < 100; i++)); do
@@ -225,14 +323,22 @@ stop() {
             done
         fi
     fi
+    local f
+    for f in "$D"/run/slurmd-acer-node*.pid; do [[ -e $f ]] && stop_daemon "$(basename "$f" .pid)" slurmd; done
     for d in slurmd slurmctld slurmdbd mariadbd munged; do stop_daemon "$d"; done
+    net_down
+    rm -f "$NODES_FILE"
     if [[ -L $LINK && $(readlink "$LINK") == "$SLURM_CONF" ]]; then rm -f "$LINK"; fi
 }
 
 status() {
     local d pid rc=0
-    for d in munged mariadbd slurmdbd slurmctld slurmd; do
-        pid=$(pid_of "$d")
+    local daemons=(munged mariadbd slurmdbd slurmctld) i
+    if (($(node_count) == 1)); then daemons+=(slurmd); else
+        for ((i = 1; i <= $(node_count); i++)); do daemons+=("slurmd-acer-node$i"); done
+    fi
+    for d in "${daemons[@]}"; do
+        pid=$(pid_of "$d" "${d%%-*}")
         if [[ -n $pid ]]; then echo "$d: running ($pid)"; else echo "$d: stopped"; rc=1; fi
     done
     if ((rc == 0)); then sinfo; fi
@@ -240,8 +346,8 @@ status() {
 }
 
 case ${1:-} in
-start) start ;;
+start) shift; start "$@" ;;
 stop) stop ;;
 status) status ;;
-*) die "usage: bash slurm/local_cluster.sh start|stop|status (state dir: \$ACER_SLURM_DIR, default /tmp/acer-slurm)" ;;
+*) die "usage: bash slurm/local_cluster.sh start [--nodes N]|stop|status (state dir: \$ACER_SLURM_DIR, default /tmp/acer-slurm)" ;;
 esac

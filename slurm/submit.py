@@ -205,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--time", type=int, default=240, help="time limit per job in minutes (default 240)")
     parser.add_argument("--cpus", type=int, default=1, help="CPUs per job (default 1)")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs per job (default 0)")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="nodes of a laser_sweep job, its agents spread evenly over them (default 1)")
     parser.add_argument("--sweep", help='cross product as a job array, e.g. "optim.lr=1e-4,3e-4 seed=0,1,2"')
     parser.add_argument("--local", action="store_true", help="run the jobs on this machine (no SLURM); implies --wait")
     parser.add_argument("--logs", type=Path, help="submitit log folder (default <run or sweep dir>/submitit)")
@@ -227,8 +229,13 @@ def main(argv: list[str] | None = None) -> int:
             print(tabulate(Path(argv[1])))
             return 0
         args = build_parser().parse_intermixed_args(argv)
-        if args.time < 1 or args.cpus < 1 or args.gpus < 0 or args.max_timeouts < 0:
-            raise SubmitError("--time and --cpus must be >= 1, --gpus and --max-timeouts >= 0")
+        if args.time < 1 or args.cpus < 1 or args.nodes < 1 or args.gpus < 0 or args.max_timeouts < 0:
+            raise SubmitError("--time, --cpus and --nodes must be >= 1, --gpus and --max-timeouts >= 0")
+        if args.nodes > 1 and args.recipe != SHARED_REPLAY_SWEEP:
+            raise SubmitError(
+                f"--nodes {args.nodes}: a {args.recipe} run has one learner, which collects on its own node only "
+                f"(distributed collection is not implemented); several nodes serve {SHARED_REPLAY_SWEEP}'s agents"
+            )
         return submit(args)
     except SubmitError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -300,6 +307,8 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
     except ConfigError as err:
         raise SubmitError(str(err)) from None
     check_config("laser", without_keys(agent_overrides, "resume"))
+    if sweep.agents % args.nodes:
+        raise SubmitError(f"agents={sweep.agents} do not spread evenly over --nodes {args.nodes}")
     require_sbatch(args)
     given_dir = override_value(args.overrides, "resume") or override_value(args.overrides, "run_dir")
     sweep_dir = Path(given_dir).resolve() if given_dir else fresh_dir(Path("runs"), SHARED_REPLAY_SWEEP)
@@ -308,9 +317,11 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
     argv.append(f"resume={sweep_dir}" if override_value(args.overrides, "resume") else f"run_dir={sweep_dir}")
     warn_short_time(args)
     executor = make_executor(args, (args.logs or sweep_dir / "submitit").resolve())
-    executor.update_parameters(tasks_per_node=sweep.agents)
+    # the ranks run across the nodes (rank 0, on the first node, serves the replay); each agent finds rank 0
+    # by the first node's name (submitit's master address)
+    executor.update_parameters(nodes=args.nodes, tasks_per_node=sweep.agents // args.nodes)
     job = executor.submit(SweepTask(), argv)
-    print(f"job {job.job_id}  {sweep.agents} tasks  sweep dir {sweep_dir}  log {job.paths.stdout}")
+    print(f"job {job.job_id}  {sweep.agents} tasks on {args.nodes} node(s)  sweep dir {sweep_dir}  log {job.paths.stdout}")
     if not args.wait:
         return 0
     return wait_and_report([job], [{"name": sweep_dir.name}])

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from acer_torchrl.config import ConfigError, dump_yaml, from_dict, load_config, to_dict
 
@@ -45,10 +46,33 @@ def test_bad_values_raise_one_clear_line(override, fragment):
 def test_learner_threads_leave_the_collector_workers_their_cores(monkeypatch):
     from acer_torchrl.trainer import learner_threads
 
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("acer_torchrl.trainer.available_cores", lambda: 8)
     assert learner_threads(load_config("acer", ["collector.workers=2"])) == 6
     assert learner_threads(load_config("acer", ["collector.workers=8"])) == 1
     assert learner_threads(load_config("acer", ["collector.workers=8", "threads=3"])) == 3
+
+
+def test_cores_are_slurms_share_inside_a_job_else_the_affinity(monkeypatch):
+    from acer_torchrl.trainer import available_cores
+
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 3, 5})
+    assert available_cores() == 3
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
+    assert available_cores() == 2
+
+
+def test_auto_device_takes_the_gpu_of_the_tasks_local_rank(monkeypatch):
+    from acer_torchrl.trainer import resolve_device
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    monkeypatch.setenv("SLURM_LOCALID", "3")
+    assert resolve_device("auto") == torch.device("cuda", 1)
+    monkeypatch.delenv("SLURM_LOCALID")
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
 
 
 def test_yaml_round_trip(tmp_path):

@@ -81,6 +81,30 @@ def job_state(job_id: str) -> str:
     return lines[-1].strip() if lines else "UNKNOWN"
 
 
+def job_nodes(job_id: str) -> str:
+    """The nodes SLURM ran the job on, as ``sacct`` lists them (e.g. ``acer-node[1-2]``)."""
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "NodeList", "-j", job_id], capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1].strip()
+
+
+def expanded_hostnames(nodelist: str) -> list[str]:
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+@pytest.fixture
+def two_nodes(slurm_cluster) -> None:
+    """A cluster of two nodes or more (`bash slurm/local_cluster.sh start --nodes 2`, as CI starts it); skip
+    with that hint where it has one, fail under CI=true."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=30)
+    if len(set(out.stdout.split())) >= 2:
+        return
+    message = "the SLURM cluster has one node; start two with `bash slurm/local_cluster.sh start --nodes 2`"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true: {message}", pytrace=False)
+    pytest.skip(message)
+
+
 def read_counters(run_dir: Path) -> dict | None:
     """The latest checkpoint's counters (None while there is none, or while it is being swapped in)."""
     for name in ("checkpoint", "checkpoint.old"):
@@ -186,15 +210,15 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     assert replay_column(final, "observation", capacity).shape[0] == summary["env_steps"]
 
 
-@slurm
-@uses_cluster
-def test_shared_replay_sweep_job_resumes_after_requeue(tmp_path):
-    """``submit.py laser_sweep``: one job, one task per agent (rank 0 serves the replay, only it reports);
-    after an external requeue every agent resumes from its checkpoint, agent 0's bringing the replay back."""
+def sweep_job_resumes_after_requeue(tmp_path: Path, nodes: int) -> None:
+    """``submit.py laser_sweep --nodes N``: one job, one task per agent (rank 0 serves the replay, only it
+    reports); after an external requeue every agent resumes from its checkpoint, agent 0's bringing the
+    replay back. With two nodes the agents run one a node and reach rank 0's replay over the network."""
     sweep_dir, total = tmp_path / "sweep", 2048
     overrides = [o for o in TINY if not o.startswith("collector.frames_per_batch")]
     cmd = [sys.executable, str(SUBMIT), "laser_sweep", "agents=2", *overrides, "collector.frames_per_batch=64",
-           f"total_frames={total}", "log.checkpoint_interval=128", f"run_dir={sweep_dir}", "--time", "60"]
+           f"total_frames={total}", "log.checkpoint_interval=128", f"run_dir={sweep_dir}", "--time", "60",
+           "--nodes", str(nodes)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
     job_id = out.split()[1]
     job = submitit.SlurmJob(folder=sweep_dir / "submitit" / "%j", job_id=job_id, tasks=(0, 1))
@@ -214,6 +238,19 @@ def test_shared_replay_sweep_job_resumes_after_requeue(tmp_path):
     # (cross-agent sampling and the checkpointed sample counts are tested in test_shared_replay.py)
     assert json.loads((sweep_dir / "summary.json").read_text())["env_steps_total"] == 2 * total
     assert load_submit().wait_and_report([job], [{"name": "sweep"}]) == 0  # what --wait prints
+    assert len(expanded_hostnames(job_nodes(job_id))) == nodes
+
+
+@slurm
+@uses_cluster
+def test_shared_replay_sweep_job_resumes_after_requeue(tmp_path):
+    sweep_job_resumes_after_requeue(tmp_path, nodes=1)
+
+
+@slurm
+@pytest.mark.usefixtures("two_nodes")
+def test_shared_replay_sweep_across_two_nodes_resumes_after_requeue(tmp_path):
+    sweep_job_resumes_after_requeue(tmp_path, nodes=2)
 
 
 @slurm
@@ -264,6 +301,9 @@ def test_submit_rejects_user_mistakes_in_one_line(tmp_path):
         ([RECIPE, "seed=1", f"run_dir={tmp_path / 'b'}", "--sweep", "seed=2,3"], "both as an override"),
         ([RECIPE, "seed", "--local"], "not key=value"),
         (["tabulate", str(tmp_path)], "not a sweep directory"),
+        ([RECIPE, "seed=1", "--nodes", "2"], "distributed collection is not implemented"),
+        (["laser_sweep", "agents=3", "--nodes", "2", f"run_dir={tmp_path / 'c'}"], "do not spread evenly"),
+        ([RECIPE, "seed=1", "--nodes", "0"], "--nodes must be >= 1"),
     ):
         out = run_submit_without_sbatch(args)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr

@@ -25,7 +25,7 @@ from acer_torchrl.metrics import finish_plot, new_plot
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.rundir import make_writable_dir
 from acer_torchrl.shared_replay.server import AgentReplay, RemoteReplay, SharedReplay, serve
-from acer_torchrl.trainer import Trainer
+from acer_torchrl.trainer import Trainer, available_cores
 from acer_torchrl.validation import allowed, check_allowed
 
 PEER_WAIT_S = 600  # how long an agent waits for the others' first experience (the RPC timeout too)
@@ -210,8 +210,10 @@ def run_sweep_rank(
         shared = _shared_storage(cfg, sweep_dir, world_size)
     handle = AgentReplay(shared if rank == 0 else RemoteReplay("agent0"), rank, world_size, owner=rank == 0)
     trainer = SweepAgentTrainer(cfg, handle, wait_for_peers=True)  # when resuming, rank 0 restores the replay before serving it
-    # this machine's cores are shared by every rank on it and their collector workers
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size - cfg.collector.workers))
+    # a SLURM task has its own share of cores (a rank on each of several nodes too); without SLURM
+    # (mode=processes) every rank and its collector workers share this machine's
+    share = available_cores() if "SLURM_CPUS_PER_TASK" in os.environ else available_cores() // world_size
+    torch.set_num_threads(max(1, share - cfg.collector.workers))
     serve(shared)
     options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{master_addr}:{port + 1}", rpc_timeout=PEER_WAIT_S)
     rpc.init_rpc(f"agent{rank}", rank=rank, world_size=world_size, rpc_backend_options=options)
