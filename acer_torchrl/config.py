@@ -83,13 +83,15 @@ class EvalConfig:
 class LogConfig:
     progress: bool = True  # tqdm progress bar
     tensorboard: bool = False  # also write TensorBoard events (needs the [tensorboard] extra)
+    wandb: bool = False  # also log to Weights & Biases, offline under <run_dir>/wandb (needs the [wandb] extra)
     checkpoint_interval: int = 10_000  # env steps between checkpoints (also written at the end)
 
     def validate(self, cfg: Config) -> None:
-        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
-            raise ConfigError(
-                "log.tensorboard=true needs the tensorboard package: pip install 'acer-torchrl[tensorboard]'"
-            )
+        for key, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+            if getattr(self, key) and importlib.util.find_spec(package) is None:
+                raise ConfigError(
+                    f"log.{key}=true needs the {package} package: pip install 'acer-torchrl[{key}]'"
+                )
 
 
 @allowed(seed="[0, 1e9]", total_frames="[1, inf)", gamma="(0, 1]", threads="[0, 1024]")

@@ -1,5 +1,5 @@
-"""Run logging: ``metrics.csv`` (rewritten atomically on every row), optional TensorBoard, the curve PNG,
-and the run's final score.
+"""Run logging: ``metrics.csv`` (rewritten atomically on every row; the record the project reads), optional
+TensorBoard and Weights & Biases through TorchRL's loggers, the curve PNG, and the run's final score.
 
 A run's **final score** is the mean of its greedy evaluations over the last 10 % of its env steps (at least
 three evaluations, the last one always included): a run is judged by the policy it ends with, not by the
@@ -11,6 +11,7 @@ whatever ``eval.interval`` is.
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,19 +56,32 @@ def final_score(curve: list[tuple[float, float]], env_steps: float) -> FinalScor
     )
 
 
+def make_loggers(run_dir: Path, tensorboard: bool = False, wandb: bool = False) -> list:
+    """TorchRL loggers (``torchrl.record.loggers``) beside ``metrics.csv``: TensorBoard events under
+    ``<run_dir>/tensorboard``; a Weights & Biases run in offline mode under ``<run_dir>/wandb`` (``wandb sync``
+    uploads it), its id fixed by the run directory so that a resumed run continues the same W&B run. The
+    config checks that their packages are installed (``LogConfig.validate``)."""
+    loggers = []
+    if tensorboard:
+        from torchrl.record.loggers.tensorboard import TensorboardLogger
+
+        loggers.append(TensorboardLogger(exp_name="tensorboard", log_dir=str(run_dir)))
+    if wandb:
+        from torchrl.record.loggers.wandb import WandbLogger
+
+        run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
+        loggers.append(WandbLogger(exp_name=run_dir.name, offline=True, save_dir=str(run_dir), id=run_id,
+                                   project="acer-torchrl", log_env_packages=False))
+    return loggers
+
+
 class MetricsLog:
-    def __init__(self, run_dir: Path, tensorboard: bool = False):
+    """The run's metric rows in ``metrics.csv``, each also handed to ``loggers`` (:func:`make_loggers`)."""
+
+    def __init__(self, run_dir: Path, loggers: list | None = None):
         self.path = run_dir / "metrics.csv"
         self.rows: list[dict[str, float]] = []
-        self.writer = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ImportError(
-                    "log.tensorboard=true needs the tensorboard package: pip install 'acer-torchrl[tensorboard]'"
-                ) from None
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+        self.loggers = loggers or []
 
     def load_existing(self, up_to_env_steps: int) -> None:
         """Continue the rows of a resumed run. Rows logged after its checkpoint (``env_steps`` beyond
@@ -89,10 +103,9 @@ class MetricsLog:
             writer.writeheader()
             writer.writerows(self.rows)
         os.replace(tmp, self.path)
-        if self.writer is not None:
+        for logger in self.loggers:
             for key, value in metrics.items():
-                self.writer.add_scalar(key, value, env_steps)
-            self.writer.flush()
+                logger.log_scalar(key, value, step=env_steps)
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
         pts = [(r["env_steps"], r[key]) for r in self.rows if key in r]

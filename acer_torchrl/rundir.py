@@ -17,7 +17,7 @@ from acer_torchrl.validation import ConfigError
 
 # what a run writes under its directory (trainer, metrics, checkpoint, memory-mapped replay)
 RUN_FILES = (
-    "config.yaml", "metrics.csv", "metrics.csv.tmp", "summary.json", "learning_curve.png", "tensorboard",
+    "config.yaml", "metrics.csv", "metrics.csv.tmp", "summary.json", "learning_curve.png", "tensorboard", "wandb",
     "checkpoint", "checkpoint.tmp", "checkpoint.old", "replay_storage", "resumes.jsonl",
 )
 FINISHED_MARKS = ("summary.json", "checkpoint", "checkpoint.old")

@@ -36,7 +36,7 @@ from acer_torchrl.config import Config, dump_yaml, resume_changes
 from acer_torchrl.envs import env_info, make_env_fn
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config
 from acer_torchrl.health import Health
-from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, plot_learning_curve
+from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, make_loggers, plot_learning_curve
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay
 from acer_torchrl.rundir import prepare_run_dir
 
@@ -125,7 +125,7 @@ class Trainer:
         self.replay: Replay = self.make_replay()
         self.online = OnlineWindows(self.loss.seq_len)
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
-        self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard)
+        self.log = MetricsLog(self.run_dir, make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb))
         self.health = Health(self.loss.value_keys)
         self.evaluator: BackgroundEvaluator | InlineEvaluator | None = None  # from start() to close()
         self._collector = None  # from start() to stop_collecting()

@@ -168,3 +168,32 @@ def test_a_failing_evaluation_process_raises_on_the_learner():
             evaluator.drain()
     finally:
         evaluator.close()
+
+
+def test_every_metric_row_reaches_the_torchrl_loggers(tmp_path):
+    """TensorBoard / W&B go through ``torchrl.record.loggers``; TorchRL's own CSVLogger stands in for them
+    (no optional package): each row's metrics arrive at its env steps, and metrics.csv keeps every row."""
+    from torchrl.record.loggers.csv import CSVLogger
+
+    from acer_torchrl.metrics import MetricsLog
+
+    logger = CSVLogger(exp_name="run", log_dir=str(tmp_path / "logs"))
+    log = MetricsLog(tmp_path, [logger])
+    log.row(1000, 10, 1.5, {"loss_critic": 0.25, "eval_return_mean": 9.0})
+    log.row(2000, 20, 3.0, {"loss_critic": 0.125})
+    scalars = tmp_path / "logs" / "run" / "scalars"
+    assert (scalars / "loss_critic.csv").read_text().split() == ["1000,0.25", "2000,0.125"]
+    assert (scalars / "eval_return_mean.csv").read_text().split() == ["1000,9.0"]
+    assert (tmp_path / "metrics.csv").read_text().splitlines()[0].startswith("env_steps,updates,wall_time_s,loss_critic")
+
+
+@pytest.mark.parametrize("key", ["tensorboard", "wandb"])
+def test_a_logger_without_its_package_is_a_one_line_config_error(key, monkeypatch):
+    import importlib.util
+
+    from acer_torchrl.validation import ConfigError
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == key else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=rf"^log\.{key}=true needs the {key} package: pip install 'acer-torchrl\[{key}\]'$"):
+        load_config("acer", [f"log.{key}=true"])
