@@ -14,6 +14,7 @@ import csv
 import hashlib
 import os
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,11 @@ MIN_FINAL_EVALUATIONS = 3
 
 
 def final_window_steps(total_frames: int) -> list[int]:
-    """Env steps at which an evaluation is due on top of the periodic ones: 90 %, 95 % and 100 % of the run."""
-    return sorted({-(-total_frames * twentieths // 20) for twentieths in (18, 19, 20)})  # exact integer ceil
+    """Env steps at which an evaluation is due on top of the periodic ones: the start, middle and end of the
+    final window (90 %, 95 % and 100 % of the run), rounded up in exact arithmetic."""
+    window = Fraction(FINAL_WINDOW).limit_denominator(10_000)
+    points = (1 - window, 1 - window / 2, Fraction(1))
+    return sorted({-(-total_frames * p.numerator // p.denominator) for p in points})
 
 
 @dataclass
