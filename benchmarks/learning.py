@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import os
 import platform
@@ -60,11 +61,9 @@ def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extr
 def iqm_with_ci(scores: list[float], reps: int = 50_000, seed: int = 0) -> tuple[float, float, float]:
     """Interquartile mean of per-seed final scores with its 95 % stratified-bootstrap confidence interval
     (Agarwal et al. 2021, computed by ``rliable``)."""
-    try:
-        from rliable import library as rly
-        from rliable import metrics
-    except ImportError:
-        sys.exit("error: the learning benchmark needs rliable: .venv/bin/pip install -e '.[bench]'")
+    from rliable import library as rly
+    from rliable import metrics
+
     point, interval = rly.get_interval_estimates(
         {"run": np.asarray(scores, dtype=float).reshape(-1, 1)},
         lambda x: np.array([metrics.aggregate_iqm(x)]),
@@ -108,6 +107,8 @@ def main() -> None:
                         help="a killed benchmark's directory (<runs>/<name>-<date>): finished seeds are read, "
                              "the others resume from their checkpoints, missing ones start")
     args, extra = parser.parse_known_args()
+    if importlib.util.find_spec("rliable") is None:  # checked before the runs, not after hours of them
+        sys.exit("error: the learning benchmark needs rliable: .venv/bin/pip install -c constraints.txt -e '.[bench]'")
     name = args.name or f"{args.algo}-{args.preset}"
     bench_dir = args.resume or args.runs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume is not None and not args.resume.is_dir():
