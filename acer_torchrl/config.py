@@ -87,10 +87,10 @@ class LogConfig:
     checkpoint_interval: int = 10_000  # env steps between checkpoints (also written at the end)
 
     def validate(self, cfg: Config) -> None:
-        for key, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
-            if getattr(self, key) and importlib.util.find_spec(package) is None:
+        for package in ("tensorboard", "wandb"):  # each an extra of the same name
+            if getattr(self, package) and importlib.util.find_spec(package) is None:
                 raise ConfigError(
-                    f"log.{key}=true needs the {package} package: pip install 'acer-torchrl[{key}]'"
+                    f"log.{package}=true needs the {package} package: pip install 'acer-torchrl[{package}]'"
                 )
 
 

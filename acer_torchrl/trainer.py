@@ -267,12 +267,18 @@ class Trainer:
         try:
             batches = iter(collector)
             while len(self.replay) < steps:
-                batch = self.loss.preprocess(next(batches))
-                slots = self.replay.extend(batch.exclude(*self.agent.activation_keys))
-                self.loss.after_extend(batch, slots, self.replay)
-                self.online.push(batch)
+                self.store(next(batches))
         finally:
             collector.shutdown()
+
+    def store(self, batch: TensorDictBase) -> TensorDictBase:
+        """A collected batch, preprocessed by the loss, into the replay (without the policy's activations) and
+        the online windows; returns it preprocessed."""
+        batch = self.loss.preprocess(batch)
+        slots = self.replay.extend(batch.exclude(*self.agent.activation_keys))
+        self.loss.after_extend(batch, slots, self.replay)
+        self.online.push(batch)
+        return batch
 
     def lr_schedule(self) -> float:
         """``optim.lr``'s factor at this point of the run: linear from 1 to ``optim.lr_end_factor``."""
@@ -473,15 +479,12 @@ class Trainer:
         cfg, c = self.cfg, self.counters
         window, returns = self._window, self._returns
         self.log_evaluations(self.evaluator.results())
-        batch = self.loss.preprocess(batch)
+        batch = self.store(batch)
         steps = batch.numel()
         c.env_steps += steps
         done = batch.get(("next", "done"))
         returns += batch.get(("next", "episode_reward"))[done].tolist()
         c.episodes += int(done.sum())
-        slots = self.replay.extend(batch.exclude(*self.agent.activation_keys))
-        self.loss.after_extend(batch, slots, self.replay)
-        self.online.push(batch)
         for share in self.loss.update_plan(self.rng):
             sample = self.draw_batch(share)
             if sample is None:
