@@ -73,6 +73,12 @@ def iqm_with_ci(scores: list[float], reps: int = 50_000, seed: int = 0) -> tuple
     return float(point["run"][0]), float(interval["run"][0, 0]), float(interval["run"][1, 0])
 
 
+def require_rliable() -> None:
+    """Checked before a benchmark's runs, not after hours of them."""
+    if importlib.util.find_spec("rliable") is None:
+        sys.exit("error: the learning benchmark needs rliable: .venv/bin/pip install -c constraints.txt -e '.[bench]'")
+
+
 def steps_to(curve: list[tuple[int, float]], threshold: float) -> int | None:
     return next((s for s, r in curve if r >= threshold), None)
 
@@ -107,8 +113,7 @@ def main() -> None:
                         help="a killed benchmark's directory (<runs>/<name>-<date>): finished seeds are read, "
                              "the others resume from their checkpoints, missing ones start")
     args, extra = parser.parse_known_args()
-    if importlib.util.find_spec("rliable") is None:  # checked before the runs, not after hours of them
-        sys.exit("error: the learning benchmark needs rliable: .venv/bin/pip install -c constraints.txt -e '.[bench]'")
+    require_rliable()
     name = args.name or f"{args.algo}-{args.preset}"
     bench_dir = args.resume or args.runs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume is not None and not args.resume.is_dir():

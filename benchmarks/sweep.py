@@ -10,8 +10,11 @@ rate and entropy cost scaled by :class:`acer_torchrl.shared_replay.SweepConfig`'
 * ``shared``: the same sweep with ``laser.trust_region=false`` (plain V-trace on the shared replay);
 * ``apart``: one ``recipes/laser.py`` run per agent, each with its own replay.
 
-The paper reports the best agent of a sweep at each point in time; here that is the env steps *per agent*
-at which the first agent's greedy evaluation reached the threshold. Results go to
+Each agent's result is its **final score** (:func:`acer_torchrl.metrics.final_score`: its mean greedy return
+over the last 10 % of its env steps). Per variant: the interquartile mean of all its agents' final scores
+(every agent of every seed) with a 95 % stratified-bootstrap confidence interval (rliable), and the best
+agent's final score per seed (the paper plots the best agent of a sweep). Secondary: the env steps *per agent*
+at which the sweep's first agent's greedy evaluation reached the threshold. Results go to
 ``results/laser-sweep.{md,json,png}``.
 """
 
@@ -28,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from learning import RESULTS, ROOT, steps_to
+from learning import RESULTS, ROOT, iqm_with_ci, require_rliable, steps_to
 
-from acer_torchrl.metrics import finish_plot, new_plot
+from acer_torchrl.metrics import final_score, finish_plot, new_plot
 
 VARIANTS = ("shared+TR", "shared", "apart")
 
@@ -96,6 +99,7 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=475.0)
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "benchmarks")
     args, extra = parser.parse_known_args()
+    require_rliable()
     top = args.runs / f"laser-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     start = time.time()
     results = {v: [] for v in VARIANTS}
@@ -106,8 +110,11 @@ def main() -> None:
     for variant in VARIANTS:
         first = [min((s for s in (steps_to(c, args.threshold) for c in agents) if s is not None), default=None)
                  for agents in results[variant]]
-        finals = [[c[-1][1] for c in agents] for agents in results[variant]]
-        rows[variant] = {"steps_to_threshold_per_seed": first, "final_greedy_per_agent_per_seed": finals,
+        finals = [[round(final_score(c, args.frames).mean, 1) for c in agents] for agents in results[variant]]
+        iqm, low, high = iqm_with_ci([f for agents in finals for f in agents])
+        rows[variant] = {"final_score_iqm": round(iqm, 1), "final_score_ci95": [round(low, 1), round(high, 1)],
+                         "final_score_per_agent_per_seed": finals, "best_final_score_per_seed": [max(a) for a in finals],
+                         "steps_to_threshold_per_seed": first,
                          "agents_reaching_threshold_per_seed": [sum(steps_to(c, args.threshold) is not None for c in a) for a in results[variant]]}
     command = " ".join(["python benchmarks/sweep.py", f"--seeds {args.seeds}", f"--agents {args.agents}", f"--frames {args.frames}",
                         f"--threshold {args.threshold:g}", *extra])
@@ -117,13 +124,17 @@ def main() -> None:
     (RESULTS / "laser-sweep.json").write_text(json.dumps(summary, indent=1))
     plot(results, RESULTS / "laser-sweep.png", args.threshold)
     lines = ["# LASER sweep: shared replay with / without trust region vs agents apart (Figure 3, small scale)", "",
-             f"`{command}` ({summary['machine']}, {summary['date']}, {summary['total_wall_s']:.0f} s in all). Steps: env steps "
-             "per agent when the sweep's first agent reached the threshold (- = never); agents: how many of the sweep reached it.",
-             "", "| variant | steps to threshold per seed | agents reaching it per seed | final greedy return per agent |",
-             "|---|---|---|---|"]
+             f"`{command}` ({summary['machine']}, {summary['date']}, {summary['total_wall_s']:.0f} s in all). Final score: an "
+             "agent's mean greedy return over the last 10 % of its env steps; IQM over every agent of every seed with its "
+             "95 % stratified-bootstrap CI (rliable); best: the sweep's best agent per seed. Secondary: env steps per agent "
+             "when the sweep's first agent reached the threshold (- = never); agents: how many of the sweep reached it.",
+             "", "| variant | final score IQM [95 % CI] | best agent's final score per seed | final score per agent per seed "
+             "| steps to threshold per seed | agents reaching it per seed |", "|---|---|---|---|---|---|"]
     for variant, row in rows.items():
         steps = ", ".join("-" if s is None else str(s) for s in row["steps_to_threshold_per_seed"])
-        lines.append(f"| {variant} | {steps} | {row['agents_reaching_threshold_per_seed']} | {row['final_greedy_per_agent_per_seed']} |")
+        low, high = row["final_score_ci95"]
+        lines.append(f"| {variant} | {row['final_score_iqm']} [{low}, {high}] | {row['best_final_score_per_seed']} | "
+                     f"{row['final_score_per_agent_per_seed']} | {steps} | {row['agents_reaching_threshold_per_seed']} |")
     (RESULTS / "laser-sweep.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
