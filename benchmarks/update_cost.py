@@ -4,8 +4,10 @@ write-backs) on a filled replay, with no collector running: where ``learner.py``
     python benchmarks/update_cost.py vracer mujoco --updates 300 env.name=HalfCheetah-v5 replay.min_size=150000
 
 Fills the replay to ``replay.min_size`` (+500) steps with the preset's acting policy in-process, then times
-``--updates`` updates of the trainer (one thread, ``time.process_time``). ``--profile`` prints cProfile's top
-entries instead of timing plainly (cProfile inflates Python-heavy parts several-fold).
+``--updates`` updates of the trainer (one thread, ``time.process_time``). With ``--store`` newly collected
+batches are stored between them as in a run (``Trainer.store``, then the loss's ``update_plan``): what a
+loss rebuilds after the replay grows (V-RACER's eq. 8 tree) is counted, acting is not. ``--profile`` prints
+cProfile's top entries instead of timing plainly (cProfile inflates Python-heavy parts several-fold).
 """
 
 import argparse
@@ -26,37 +28,56 @@ def main() -> None:
     parser.add_argument("preset")
     parser.add_argument("--updates", type=int, default=300)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--store", action="store_true", help="store collected batches between updates, as in a run")
     args, overrides = parser.parse_known_args()
     run_dir = tempfile.mkdtemp()
     cfg = load_config(args.algo, [f"preset={args.preset}", "collector.workers=0", f"run_dir={run_dir}/run",
                                   "log.progress=false", *overrides])
     trainer = Trainer(cfg)
-    trainer.fill_replay(max(2_000, cfg.replay.min_size + 500))
-    torch.set_num_threads(1)
-    shares = [s for _ in range(args.updates) for s in trainer.loss.update_plan(trainer.rng)][: args.updates]
-    shares += [0.0] * (args.updates - len(shares))
-    for share in shares[:10]:  # warm-up
-        trainer.update(trainer.draw_batch(share))
+    torch.set_num_threads(1)  # acting at batch 1 with two threads is ~5x slower on a loaded 2-core machine
+    collector = trainer.make_collector(10**12)
+    batches = iter(collector)
+    while len(trainer.replay) < max(2_000, cfg.replay.min_size + 500):
+        trainer.store(next(batches))
 
-    def timed() -> tuple[float, float]:
-        draw = update = 0.0
-        for share in shares:
+    def plan() -> list[float]:
+        """The updates the next stored batch pays for (without --store: the plan of batches already stored)."""
+        if not args.store:
+            return trainer.loss.update_plan(trainer.rng) or [0.0]
+        trainer.store(next(batches))  # timed by the caller
+        return trainer.loss.update_plan(trainer.rng)
+
+    for _ in range(10):  # warm-up
+        trainer.update(trainer.draw_batch(plan()[0] if not args.store else 0.0))
+
+    def timed() -> tuple[float, float, float]:
+        draw = update = store = 0.0
+        done = 0
+        while done < args.updates:
             t0 = time.process_time()
-            sample = trainer.draw_batch(share)
+            shares = plan()
             t1 = time.process_time()
-            trainer.update(sample)
-            draw, update = draw + t1 - t0, update + time.process_time() - t1
-        return draw, update
+            store += t1 - t0
+            for share in shares[: args.updates - done]:
+                t0 = time.process_time()
+                sample = trainer.draw_batch(share)
+                t1 = time.process_time()
+                trainer.update(sample)
+                draw, update = draw + t1 - t0, update + time.process_time() - t1
+                done += 1
+        return draw, update, store
 
     if args.profile:
         profile = cProfile.Profile()
-        draw, update = profile.runcall(timed)
+        draw, update, store = profile.runcall(timed)
         pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
     else:
-        draw, update = timed()
-    n = len(shares)
+        draw, update, store = timed()
+    collector.shutdown()
+    n = args.updates
+    stored = f", storing batches {1e3 * store / n:.2f} ms" if args.store else ""
     print(f"{args.algo}:{args.preset} ({len(trainer.replay)} stored steps): draw {1e3 * draw / n:.2f} ms, "
-          f"update {1e3 * update / n:.2f} ms per update (1 thread)")
+          f"update {1e3 * update / n:.2f} ms{stored} per update (1 thread)")
 
 
 if __name__ == "__main__":

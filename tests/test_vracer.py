@@ -194,7 +194,10 @@ def test_write_back_stores_fresh_v_rho_and_recomputes_eq8_for_earlier_steps():
         slots = sample["slot"]
         torch.testing.assert_close(stored(replay, "value")[slots], out["state_value"] * unit)
         torch.testing.assert_close(stored(replay, "rho")[slots], out["rho"])
-        ends = slots[replay.next[slots] < 0]  # sampled last stored steps: their bootstrap V(s_{k+1}) is fresh
+        # sampled last stored steps of episodes that did not terminate: their bootstrap V(s_{k+1}) is fresh
+        # (a terminal step's is never read: eq. 8 bootstraps on 0 there)
+        terminal = replay.column(("next", "terminated"), alive_only=False).reshape(-1)
+        ends = slots[(replay.next[slots] < 0) & ~terminal[slots]]
         with torch.no_grad():
             v_next = agent.loss.network(replay.gather(ends)["next"].select("observation"))["state_value"]
         torch.testing.assert_close(stored(replay, "next_value")[ends], v_next * unit)

@@ -329,11 +329,7 @@ class VRACERLoss(ReplayLoss):
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         keys = self.tensor_keys
         mask = sequence_mask(td)
-        # s_k and s_{k+1} in one network call: V(s_{k+1}) is written back with V(s_k) and rho_k (Algorithm 3)
-        both = torch.cat([td.select(*self.network.in_keys), td.get("next").select(*self.network.in_keys)], 0)
-        out_both = self.network(both)
-        out, next_value = out_both[: td.shape[0]], out_both.get(keys.value)[td.shape[0] :].detach()
-        pi = self._policy(out)
+        out, pi = self._evaluate(td)
         value = out.get(keys.value)
         log_rho = self._log_rho(td, pi)
         near = self.refer.near_policy(log_rho.detach())  # Rule 1 (eq. 10)
@@ -353,7 +349,7 @@ class VRACERLoss(ReplayLoss):
                 # per-step fresh estimates, written back by after_update (their means are logged)
                 "rho": log_rho.detach().exp(),
                 "state_value": value.detach(),
-                "next_state_value": next_value,
+                "next_state_value": td[self._stored(NEXT_VALUE)],  # fresh where eq. 8 reads it (before_update)
                 "kl": masked_mean(kl.detach(), mask),
                 "far_batch": masked_mean((~near).float(), mask),
                 "far_fraction": self.refer.far_fraction.clone(),
@@ -393,12 +389,28 @@ class VRACERLoss(ReplayLoss):
             self._fit(replay)
 
     def before_update(self, sample: TensorDictBase, replay: EpisodeStore) -> TensorDictBase:
-        """Adds the sampled steps' ``V^tbc`` and ``Q^ret`` (:meth:`estimates`) under the stored root."""
+        """Adds the sampled steps' ``V^tbc`` and ``Q^ret`` (:meth:`estimates`) and the ``V(s_{k+1})`` to write
+        back (:meth:`_bootstrap_values`) under the stored root."""
         slots = sample.get(SLOT_KEY).reshape(-1).cpu()
-        v_tbc, q_ret = self.estimates(replay, slots)
-        sample.set(self._stored(VTBC), v_tbc.reshape(*sample.shape, 1).to(sample.device))
-        sample.set(self._stored(QRET), q_ret.reshape(*sample.shape, 1).to(sample.device))
+        terms = self._eq8_terms(replay, slots)
+        v_tbc, q_ret = self._targets(replay, slots, terms)
+        next_value = self._bootstrap_values(sample.reshape(-1), terms)
+        for name, value in ((VTBC, v_tbc), (QRET, q_ret), (NEXT_VALUE, next_value)):
+            sample.set(self._stored(name), value.reshape(*sample.shape, 1).to(sample.device))
         return sample
+
+    @torch.no_grad()
+    def _bootstrap_values(self, sample: TensorDictBase, terms: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``V(s_{k+1})`` of the sampled steps to write back, ``[k, 1]`` on the CPU: the current network's where
+        ``k`` is its episode's last stored step and not terminal (eq. 8's bootstrap: the only place the stored
+        ``V(s_{k+1})`` is read), the stored one elsewhere. Evaluated before the optimiser step, as Algorithm 3's
+        write-back of the values of its gradient pass; one network call on those few steps, not on every
+        ``s_{k+1}`` of the batch."""
+        values = terms["next_value"].clone()
+        rows = (terms["last"] & ~terms["terminal"]).reshape(-1).nonzero().squeeze(-1)
+        if rows.numel():
+            values[rows] = self._next_value(sample[rows.to(sample.device)].to(self.reward_scale.device)).cpu().to(values.dtype)
+        return values
 
     def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay: EpisodeStore) -> None:
         """Algorithm 3's write-back, the ``sigma_r`` refresh (Algorithm 1) and ReF-ER's ``beta`` (eq. 12).
@@ -430,12 +442,15 @@ class VRACERLoss(ReplayLoss):
         reward scaled by ``sigma_r`` (App. B), whether the step is its episode's last stored one, and the
         bootstrap there (0 when terminal, else the stored ``V(s_{k+1})``)."""
         terminal = _gather(replay, ("next", self.tensor_keys.terminated), slots)
+        next_value = _gather(replay, self._stored(NEXT_VALUE), slots)
         return {
             "value": _gather(replay, self._stored(VALUE), slots),
             "rho_bar": _gather(replay, self._stored(RHO), slots).clamp(max=1.0),
             "reward": _gather(replay, ("next", self.tensor_keys.reward), slots) / (float(self.reward_scale) + self.epsilon),
             "last": (replay.next[slots] < 0).unsqueeze(-1),
-            "bootstrap": torch.where(terminal, 0.0, _gather(replay, self._stored(NEXT_VALUE), slots)),
+            "terminal": terminal,
+            "next_value": next_value,
+            "bootstrap": torch.where(terminal, 0.0, next_value),
         }
 
     def _eq8_maps(self, terms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -466,8 +481,11 @@ class VRACERLoss(ReplayLoss):
         episode is written back. ``V^tbc_{k+1}`` is the suffix of the episode-ordered recursion
         (:class:`AffineSuffixTree`, the episode's last step cutting it), O(log n) per step instead of the
         O(episode) of a backward pass."""
+        return self._targets(replay, slots, self._eq8_terms(replay, slots))
+
+    def _targets(self, replay: EpisodeStore, slots: torch.Tensor, terms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`estimates` from the eq. 8 terms of ``slots``."""
         order, tree = self._stored_recursion(replay)
-        terms = self._eq8_terms(replay, slots)
         after = tree.suffix(order.rank[slots] + 1).to(terms["value"].dtype).unsqueeze(-1)  # V^tbc_{k+1}
         q_ret = terms["reward"] + self.gamma * torch.where(terms["last"], terms["bootstrap"], after)
         v_tbc = terms["value"] + terms["rho_bar"] * (q_ret - terms["value"])
