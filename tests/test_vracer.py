@@ -358,6 +358,16 @@ def test_rule2_only_clips_rho_at_1e3(rule1, rule2, clip):
 # ----------------------------------------------------------------------------- beta and annealing
 
 
+def test_far_share_counts_only_the_stored_slots():
+    """eq. 12's n_far / N over the slots holding a step: a far weight left in a free slot does not count."""
+    refer = ReFER(C=4.0, A=0.0, D=0.1)  # c_max = 5
+    rho = torch.tensor([[1.0], [5.0], [0.2], [1.5], [100.0], [0.01]])  # far: 5.0, 0.2 (bounds), 100, 0.01
+    stored = torch.tensor([True, True, True, True, False, False])
+    assert float(refer.far_share(rho)) == pytest.approx(4 / 6)
+    assert float(refer.far_share(rho, stored)) == pytest.approx(2 / 4)
+    assert float(refer.far_share(rho, torch.zeros(6, dtype=torch.bool))) == 0.0
+
+
 def test_beta_follows_eq12_and_annealing_follows_eq13():
     refer = ReFER(C=4.0, A=1e-3, D=0.1, lr=0.05)
     beta, t = 1.0, 0

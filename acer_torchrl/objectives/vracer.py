@@ -431,7 +431,8 @@ class VRACERLoss(ReplayLoss):
         self.updates += 1
         if int(self.updates) % self.reward_scale_interval == 0:
             self._rescale_rewards(replay)
-        self.refer.update_beta(replay.column(self._stored(RHO)))
+        stored_rho = replay.column(self._stored(RHO), alive_only=False)  # no gather of the alive slots
+        self.refer.update_beta(stored_rho, replay.alive[: stored_rho.shape[0]])
 
     # ------------------------------------------------------------------ replay estimates
     def _as_stored(self, values: TensorDictBase) -> TensorDictBase:
