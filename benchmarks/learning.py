@@ -205,8 +205,10 @@ def append_markdown(row: dict) -> None:
         f"`{row['command']}` |"
     )
     lines = path.read_text().splitlines()
-    last_row = max(i for i, text in enumerate(lines) if text.startswith("|"))
-    lines.insert(last_row + 1, line)
+    end = lines.index(next(text for text in lines if text.startswith("| benchmark |")))  # the results table's header
+    while end + 1 < len(lines) and lines[end + 1].startswith("|"):  # not the tables of the notes below it
+        end += 1
+    lines.insert(end + 1, line)
     path.write_text("\n".join(lines) + "\n")
 
 
