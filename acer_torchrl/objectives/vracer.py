@@ -279,8 +279,7 @@ class VRACERLoss(ReplayLoss):
             (keys.behaviour, "loc"),
             (keys.behaviour, "scale"),
             keys.behaviour_log_prob,
-            *[("next", k) for k in self.network.in_keys],
-        ]  # and the stored V^tbc and Q^ret, which before_update adds (they are not gathered from the replay)
+        ]  # and the stored V^tbc, Q^ret and V(s_{k+1}), which before_update adds (they are not gathered with the batch)
 
     @property
     def out_keys(self) -> list[str]:
@@ -394,22 +393,23 @@ class VRACERLoss(ReplayLoss):
         slots = sample.get(SLOT_KEY).reshape(-1).cpu()
         terms = self._eq8_terms(replay, slots)
         v_tbc, q_ret = self._targets(replay, slots, terms)
-        next_value = self._bootstrap_values(sample.reshape(-1), terms)
+        next_value = self._bootstrap_values(replay, slots, terms)
         for name, value in ((VTBC, v_tbc), (QRET, q_ret), (NEXT_VALUE, next_value)):
             sample.set(self._stored(name), value.reshape(*sample.shape, 1).to(sample.device))
         return sample
 
     @torch.no_grad()
-    def _bootstrap_values(self, sample: TensorDictBase, terms: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _bootstrap_values(self, replay: EpisodeStore, slots: torch.Tensor, terms: dict[str, torch.Tensor]) -> torch.Tensor:
         """``V(s_{k+1})`` of the sampled steps to write back, ``[k, 1]`` on the CPU: the current network's where
         ``k`` is its episode's last stored step and not terminal (eq. 8's bootstrap: the only place the stored
         ``V(s_{k+1})`` is read), the stored one elsewhere. Evaluated before the optimiser step, as Algorithm 3's
-        write-back of the values of its gradient pass; one network call on those few steps, not on every
-        ``s_{k+1}`` of the batch."""
+        write-back of the values of its gradient pass; ``s_{k+1}`` gathered and evaluated for those few steps
+        only, not for every step of the batch."""
         values = terms["next_value"].clone()
         rows = (terms["last"] & ~terms["terminal"]).reshape(-1).nonzero().squeeze(-1)
         if rows.numel():
-            values[rows] = self._next_value(sample[rows.to(sample.device)].to(self.reward_scale.device)).cpu().to(values.dtype)
+            ends = replay.gather(slots[rows], [("next", k) for k in self.network.in_keys])
+            values[rows] = self._next_value(ends.to(self.reward_scale.device)).cpu().to(values.dtype)
         return values
 
     def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay: EpisodeStore) -> None:
@@ -423,8 +423,9 @@ class VRACERLoss(ReplayLoss):
             batch_size=[slots.numel()],
         ).cpu()
         keep = replay.alive[slots]
-        slots = slots[keep]
-        replay.update(slots, self._as_stored(fresh[keep]))
+        if not bool(keep.all()):  # a step evicted since it was drawn (a replay shared with other writers)
+            slots, fresh = slots[keep], fresh[keep]
+        replay.update(slots, self._as_stored(fresh))
         if self._recursion is not None and self._recursion[0].current(replay):
             order, tree = self._recursion
             tree.set(order.rank[slots], *self._eq8_maps(self._eq8_terms(replay, slots)))
