@@ -85,10 +85,15 @@ def poisson_plan(rng: np.random.Generator, replay_ratio: float, on_policy_first:
 
 def sequence_mask(td: TensorDictBase) -> torch.Tensor:
     """``[B, T, 1]`` bool mask of real (not padding) steps; all True when the batch has none."""
+    mask = padding_mask(td)
+    return torch.ones(*td.shape, 1, dtype=torch.bool, device=td.device) if mask is None else mask
+
+
+def padding_mask(td: TensorDictBase) -> torch.Tensor | None:
+    """``[*td.shape, 1]`` bool mask of real steps when the batch has padding, else None (every step is real:
+    :func:`masked_mean` then takes the plain mean, with no mask arithmetic in the graph)."""
     mask = td.get(MASK_KEY, None)
-    if mask is None:
-        return torch.ones(*td.shape, 1, dtype=torch.bool, device=td.device)
-    return mask.reshape(*td.shape, 1)
+    return None if mask is None else mask.reshape(*td.shape, 1)
 
 
 def trace_cut(done: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -99,8 +104,10 @@ def trace_cut(done: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return done | ~next_real
 
 
-def masked_mean(value: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``value`` over the real steps (mask broadcast on the trailing dims)."""
+def masked_mean(value: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of ``value`` over the real steps (mask broadcast on the trailing dims; None: every step)."""
+    if mask is None:
+        return value.mean()
     mask = mask.expand_as(value).to(value.dtype)
     return (value * mask).sum() / mask.sum().clamp_min(1.0)
 

@@ -141,11 +141,11 @@ class ReFER(nn.Module):
         (``1/B sum_i`` of Algorithm 3).
         """
         gated = torch.where(near, objective, torch.zeros_like(objective))
-        return self.beta * masked_mean(gated, torch.ones_like(near) if mask is None else mask)
+        return self.beta * masked_mean(gated, mask)
 
     def penalty(self, kl: Tensor, mask: Tensor | None = None) -> Tensor:
         """Rule 2 (eq. 10-11): ``(1 - beta) * mean_t D_KL(mu_t || pi(.|s_t))`` over every sampled step."""
-        return (1.0 - self.beta) * masked_mean(kl, torch.ones_like(kl, dtype=torch.bool) if mask is None else mask)
+        return (1.0 - self.beta) * masked_mean(kl, mask)
 
     # ------------------------------------------------------------------ beta controller (eq. 12)
     @torch.no_grad()

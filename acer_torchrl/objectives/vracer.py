@@ -47,7 +47,7 @@ from torch import distributions as D
 from torch import nn
 
 from acer_torchrl.objectives.affine_tree import AffineSuffixTree
-from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask
+from acer_torchrl.objectives.common import ReplayLoss, masked_mean, padding_mask
 from acer_torchrl.objectives.names import BEHAVIOUR, SLOT_KEY
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
 
@@ -327,7 +327,7 @@ class VRACERLoss(ReplayLoss):
     # ------------------------------------------------------------------ loss
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         keys = self.tensor_keys
-        mask = sequence_mask(td)
+        mask = padding_mask(td)  # None for replayed single steps: plain means
         out, pi = self._evaluate(td)
         value = out.get(keys.value)
         log_rho = self._log_rho(td, pi)
