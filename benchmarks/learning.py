@@ -19,8 +19,10 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,9 +35,14 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+INTERRUPTED = threading.Event()  # a seed's run was stopped by SIGINT / SIGTERM: start no further seed
+
+
 def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extra: list[str]) -> dict:
     """One seed's recipe run in ``run_dir``; a run already there is resumed from its checkpoint (or, when
-    it has finished, only read)."""
+    it has finished, only read). Once a run was interrupted (it checkpointed), no further seed starts."""
+    if INTERRUPTED.is_set():
+        return {"seed": seed, "failed": "not started: the benchmark was interrupted"}
     if (run_dir / "config.yaml").exists():
         cmd = [f"resume={run_dir}", "log.progress=false"]
     else:
@@ -47,6 +54,8 @@ def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extr
         with log.open("a") as f:
             proc = subprocess.run([sys.executable, str(ROOT / "recipes" / f"{algo}.py"), *cmd],
                                   stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        if proc.returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # the recipe's exit after its checkpoint
+            INTERRUPTED.set()
         if proc.returncode != 0:
             return {"seed": seed, "failed": f"exit {proc.returncode}, see {log}"}
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -125,6 +134,9 @@ def main() -> None:
             range(args.first_seed, args.first_seed + args.seeds),
         ))
     elapsed = time.time() - start
+    if INTERRUPTED.is_set():
+        again = " ".join(sys.argv) + ("" if args.resume else f" --resume {bench_dir}")
+        sys.exit(f"interrupted; the runs are checkpointed: continue with python {again}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     plot(results, RESULTS / f"{name}.png", f"{args.algo} {args.preset} ({args.seeds} seeds)", args.threshold)
     ok = [r for r in results if "failed" not in r]
