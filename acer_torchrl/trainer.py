@@ -260,14 +260,17 @@ class Trainer:
         self.watch_health(stats)
         return stats
 
-    def fill_replay(self, steps: int) -> None:
-        """Store at least ``steps`` env steps collected in this process with the acting policy, taking no
-        update: a filled replay for timing updates (``benchmarks/update_cost.py``) or comparing devices."""
-        collector = self.make_collector(10**12)
-        try:
-            batches = iter(collector)
+    def fill_replay(self, steps: int, batches: Iterator[TensorDictBase] | None = None) -> None:
+        """Store collected batches until the replay holds at least ``steps`` env steps, taking no update: a filled
+        replay for timing updates (``benchmarks/update_cost.py``) or comparing devices. From ``batches`` when
+        given (the caller's collector, left open), else from a collector in this process, shut down after."""
+        if batches is not None:
             while len(self.replay) < steps:
                 self.store(next(batches))
+            return
+        collector = self.make_collector(10**12)
+        try:
+            self.fill_replay(steps, iter(collector))
         finally:
             collector.shutdown()
 

@@ -37,18 +37,18 @@ def main() -> None:
     torch.set_num_threads(1)  # acting at batch 1 with two threads is ~5x slower on a loaded 2-core machine
     collector = trainer.make_collector(10**12)
     batches = iter(collector)
-    while len(trainer.replay) < max(2_000, cfg.replay.min_size + 500):
-        trainer.store(next(batches))
+    trainer.fill_replay(max(2_000, cfg.replay.min_size + 500), batches)
 
     def plan() -> list[float]:
-        """The updates the next stored batch pays for (without --store: the plan of batches already stored)."""
-        if not args.store:
-            return trainer.loss.update_plan(trainer.rng) or [0.0]
-        trainer.store(next(batches))  # timed by the caller
-        return trainer.loss.update_plan(trainer.rng)
+        """The updates the next stored batch pays for (without --store: the plan of the batches stored so far,
+        or one replay-only update once that is spent)."""
+        if args.store:
+            trainer.store(next(batches))  # timed by the caller
+            return trainer.loss.update_plan(trainer.rng)
+        return trainer.loss.update_plan(trainer.rng) or [0.0]
 
     for _ in range(10):  # warm-up
-        trainer.update(trainer.draw_batch(plan()[0] if not args.store else 0.0))
+        trainer.update(trainer.draw_batch(0.0))
 
     def timed() -> tuple[float, float, float]:
         draw = update = store = 0.0

@@ -121,16 +121,13 @@ class ReFER(nn.Module):
         """Fraction of far-policy weights among ``rho`` (any shape), or among those where ``where`` (bool, as many
         elements as ``rho``) holds: ``n_far / N`` of eq. 12 over the replay. Counted in NumPy: over a full
         replay (2^18 steps) a masked gather and compare in torch costs ~3 ms an update, this ~0.1 ms."""
-        far = self._far(rho.detach().cpu().numpy().reshape(-1))
+        c, values = self.c_max, rho.detach().cpu().numpy().reshape(-1)
+        far = (values <= 1.0 / c) | (values >= c)
         n = far.size
         if where is not None:
             keep = where.cpu().numpy().reshape(-1)
             far, n = far & keep, np.count_nonzero(keep)
         return torch.tensor(np.count_nonzero(far) / n if n else 0.0, dtype=torch.float32)
-
-    def _far(self, rho: np.ndarray) -> np.ndarray:
-        c = self.c_max
-        return (rho <= 1.0 / c) | (rho >= c)
 
     def gate(self, objective: Tensor, near: Tensor, mask: Tensor | None = None) -> Tensor:
         """Rule 1 and the ``beta`` weight of eq. 10: ``beta * mean_t(near_t * objective_t)``.
