@@ -121,9 +121,15 @@ def main() -> None:
     parser.add_argument("--resume", type=Path, default=None,
                         help="a killed benchmark's directory (<runs>/<name>-<date>): finished seeds are read, "
                              "the others resume from their checkpoints, missing ones start")
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="where the row's <name>.json/.png go and learning.md is extended (default %(default)s)")
+    parser.add_argument("--replace", action="store_true",
+                        help="overwrite an existing <name>.json/.png (refused otherwise: they back a committed row)")
     args, extra = parser.parse_known_args()
-    require_rliable()
     name = args.name or f"{args.algo}-{args.preset}"
+    if (args.results / f"{name}.json").exists() and not args.replace:
+        parser.error(f"{args.results / name}.json already holds a result: give another --name, or --replace")
+    require_rliable()
     bench_dir = args.resume or args.runs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume is not None and not args.resume.is_dir():
         parser.error(f"--resume {args.resume}: no such benchmark directory")
@@ -137,8 +143,8 @@ def main() -> None:
     if INTERRUPTED.is_set():
         again = " ".join(sys.argv) + ("" if args.resume else f" --resume {bench_dir}")
         sys.exit(f"interrupted; the runs are checkpointed: continue with python {again}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    plot(results, RESULTS / f"{name}.png", f"{args.algo} {args.preset} ({args.seeds} seeds)", args.threshold)
+    args.results.mkdir(parents=True, exist_ok=True)
+    plot(results, args.results / f"{name}.png", f"{args.algo} {args.preset} ({args.seeds} seeds)", args.threshold)
     ok = [r for r in results if "failed" not in r]
     finals = [r["final_score"] for r in ok]
     iqm, ci_low, ci_high = iqm_with_ci(finals) if finals else (None, None, None)
@@ -169,8 +175,8 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU" if not _has_cuda() else "GPU",
         "date": time.strftime("%Y-%m-%d"),
     }
-    (RESULTS / f"{name}.json").write_text(json.dumps(row, indent=2))
-    append_markdown(row)
+    (args.results / f"{name}.json").write_text(json.dumps(row, indent=2))
+    append_markdown(row, args.results / "learning.md")
     print(json.dumps({k: v for k, v in row.items() if k != "curves"}, indent=2))
 
 
@@ -201,9 +207,8 @@ HEADER = (
 )
 
 
-def append_markdown(row: dict) -> None:
-    """Add ``row`` as the last line of the results table (the notes below the table stay below it)."""
-    path = RESULTS / "learning.md"
+def append_markdown(row: dict, path: Path) -> None:
+    """Add ``row`` as the last line of the results table in ``path`` (the notes below the table stay below it)."""
     if not path.exists():
         path.write_text(HEADER)
     steps = ", ".join("-" if s is None else str(s) for s in row["steps_to_threshold"]) or "n/a"

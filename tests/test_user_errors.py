@@ -295,3 +295,19 @@ def test_fuzzed_overrides_run_or_fail_with_one_line(tmp_path):
             errors = [line for line in r["stderr"].strip().splitlines() if line.startswith("error: ")]
             assert len(errors) == 1 and r["stderr"].strip().endswith(errors[0]), (picked, r["stderr"])
     assert codes.count(2) >= 10 and codes.count(0) >= 5, codes  # the fuzz reaches both ends
+
+
+def test_a_benchmark_refuses_to_overwrite_a_committed_result_before_any_run(tmp_path):
+    """benchmarks/learning.py writes `<name>.json/.png` beside the committed rows: a second run under a taken
+    name (a quick try with the default name) must not replace the files a committed row links to."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "acer-cartpole.json").write_text("{}")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learning.py"), "acer", "cartpole",
+                           "--frames", "64", "--results", str(results), "--runs", str(tmp_path / "runs")],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("acer-cartpole.json already holds a result: "
+                                                         "give another --name, or --replace")
+    assert (results / "acer-cartpole.json").read_text() == "{}" and not (tmp_path / "runs").exists()
+    assert sorted(p.name for p in results.iterdir()) == ["acer-cartpole.json"]
