@@ -47,6 +47,35 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
    (its ``target_<name>_params``), the target of source key ``(name, ...)`` under ``("target_" + name, ...)``
    (``TargetNetUpdater.init_``); ``objectives/updaters.py`` caches its own lists under ``_pairs_val``.
 
+6. ``torchrl.collectors.distributed.generic._distributed_init_delayed``, through
+   :func:`serve_delayed_collection`. Used by ``collectors.py``: ``serve_remote_collection`` (a collector
+   rank of a multi-node job). Why: ``DistributedCollector(launcher="submitit_delayed")`` is TorchRL's
+   public mode for jobs whose nodes are allocated up front (the learner does not submit jobs of its own),
+   but the function its other ranks must run is private. TorchRL's public ``submitit_delayed_launcher``
+   submits it as separate single-node jobs; here it runs in the other tasks of one multi-node job, so that
+   SLURM allocates, requeues and ends the learner and its collectors together.
+   Upstream behaviour: TorchRL 0.14's ``_distributed_init_delayed(rank, backend, rank0_ip, tcpport,
+   world_size)`` joins the ``torch.distributed`` group at ``tcp://rank0_ip:tcpport``, receives its
+   collector's settings from rank 0 (``scatter_object_list``) and serves batches until told to shut down.
+
+7. ``DistributedWeightSyncScheme._send_instruction("stop")``, through :func:`stop_weight_receivers`. Used
+   by ``collectors.py``: ``RemoteCollector.shutdown`` (before the collector's own shutdown). Why: each remote
+   rank applies weights in a background thread that blocks in ``TCPStore.get`` on the scheme's store;
+   the scheme's ``shutdown()`` there only sets an event that thread reads between two gets, so the thread is
+   still blocked when the learner's store closes, and the rank aborts at exit ("terminate called without an
+   active exception"; SLURM marks the task failed). The "stop" instruction is what that loop ends on, and
+   no public call sends it. Upstream behaviour: TorchRL 0.14's ``_background_receive_loop`` breaks on
+   "stop"; a sender's ``send()`` waits for every rank's acknowledgement, so no update is in flight then.
+
+8. ``DistributedCollector._next_async`` (overridden) and ``._store`` (the instruction store), through
+   :func:`mark_remote_rank_busy`. Used by ``collectors.py``: ``RemoteCollector._next_async``. Why: in async
+   mode the collector scans ranks 1..n for the status "done" and takes the first; a rank's status stays
+   "done" after its batch was taken until the rank reads its next "continue", so the scan picks the same
+   rank again and waits for its next batch while other ranks' batches are ready. Setting "busy" when the
+   batch is taken is what the rank itself does a moment later. Upstream behaviour: TorchRL 0.14's
+   ``_next_async(total_frames, trackers)`` returns ``(data, total_frames, ready_worker_idx)``; the status
+   key is ``NODE_<rank>_status`` in ``_store``.
+
 Not TorchRL, noted for completeness: ``torch._foreach_lerp_`` / ``torch._foreach_copy_`` (the fused updates
 above) are underscore-named torch functions, stable in practice (``torch.optim`` uses them) but not
 documented API.
@@ -79,7 +108,25 @@ def weight_sync_schemes(collector: Any) -> dict[str, Any]:
     return getattr(collector, "_weight_sync_schemes", None) or {}
 
 
+def stop_weight_receivers(collector: Any) -> None:
+    """Tell the remote ranks' weight-receiving threads of a ``DistributedCollector`` to end (use 7 above)."""
+    for scheme in weight_sync_schemes(collector).values():
+        scheme._send_instruction("stop")
+
+
+def mark_remote_rank_busy(collector: Any, rank: int) -> None:
+    """Set remote rank ``rank``'s status to "busy" in a ``DistributedCollector``'s store (use 8 above)."""
+    collector._store.set(f"NODE_{rank}_status", b"busy")
+
+
 def target_updater_params(updater: TargetNetUpdater) -> tuple[TensorDictBase, TensorDictBase]:
     """``(sources, targets)``: the parameters a TorchRL target updater copies from and into (use 5 above);
     the target of source key ``(name, ...)`` is ``("target_" + name, ...)`` in ``targets``."""
     return updater._sources, updater._targets
+
+
+def serve_delayed_collection(rank: int, world_size: int, master_addr: str, port: int) -> None:
+    """Serve as collector rank ``rank`` of a ``DistributedCollector(launcher="submitit_delayed")`` (use 6)."""
+    from torchrl.collectors.distributed.generic import _distributed_init_delayed
+
+    _distributed_init_delayed(rank, "gloo", master_addr, port, world_size)

@@ -13,12 +13,13 @@ from acer_torchrl.config import ConfigError, load_config
 USER_ERRORS = (ConfigError, CheckpointError)
 
 
-def run(recipe: str, overrides: list[str], stop_signals: bool = False) -> dict:
+def run(recipe: str, overrides: list[str], stop_signals: bool = False, remote=None) -> dict:
     """Build the config of ``recipe`` with ``overrides`` and train; returns the run's summary dict. With
-    ``stop_signals``, SIGINT / SIGTERM checkpoint and raise :class:`~acer_torchrl.trainer.Interrupted`."""
+    ``stop_signals``, SIGINT / SIGTERM checkpoint and raise :class:`~acer_torchrl.trainer.Interrupted`;
+    ``remote`` (a :class:`~acer_torchrl.collectors.RemoteCollection`): collect on other nodes."""
     from acer_torchrl.trainer import train
 
-    return train(load_config(recipe, overrides), stop_signals)
+    return train(load_config(recipe, overrides), stop_signals, remote)
 
 
 def help_text(recipe: str) -> str:

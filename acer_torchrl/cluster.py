@@ -8,6 +8,10 @@ must fix ``run_dir=`` before submission, so that a requeued job finds its checkp
 * an external requeue (``scontrol requeue``, node failure) restarts the job with its original arguments;
   ``SLURM_RESTART_COUNT`` then tells :meth:`RecipeJob.__call__` to resume from ``run_dir`` as well.
 
+A job with several tasks (``slurm/submit.py <recipe> --nodes N``) collects on all of its nodes: task 0 is
+the learner, every other task one collector process serving it over ``torch.distributed``
+(:func:`acer_torchrl.collectors.serve_remote_collection`); SLURM starts, requeues and ends them together.
+
 A requeue that comes before the first checkpoint starts the run afresh. This module imports neither
 torch nor the trainer at import time, so ``slurm/submit.py`` stays quick.
 """
@@ -45,13 +49,21 @@ def with_resume(overrides: list[str]) -> list[str]:
 class RecipeJob(submitit.helpers.Checkpointable):
     """A recipe run as a submitit job; requeued on preemption, resuming from its ``run_dir``."""
 
-    def __call__(self, recipe: str, overrides: list[str]) -> dict:
+    def __call__(self, recipe: str, overrides: list[str]) -> dict | None:
         from acer_torchrl import cli
+        from acer_torchrl.collectors import RemoteCollection, serve_remote_collection
 
         required_run_dir(overrides)
+        remote = None
+        if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+            rank, world_size, master_addr, port = job_rank_info()
+            remote = RemoteCollection(master_addr, port, world_size - 1)
+            if rank > 0:
+                serve_remote_collection(rank, remote)  # until the learner shuts the collection down
+                return None
         if requeued():
             overrides = with_resume(overrides)
-        return cli.run(recipe, list(overrides))
+        return cli.run(recipe, list(overrides), remote=remote)
 
     def checkpoint(self, recipe: str, overrides: list[str]) -> submitit.helpers.DelayedSubmission:
         return submitit.helpers.DelayedSubmission(self, recipe, with_resume(overrides))

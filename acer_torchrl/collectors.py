@@ -11,6 +11,10 @@ single-process ``Collector`` (``num_workers == 0``, for debugging) with the same
   policy (shared memory; see :class:`~torchrl.weight_update.SharedMemWeightSyncScheme`);
 - ``shutdown()`` (also ``close()``, or leaving a ``with`` block) stops the workers.
 
+:func:`make_remote_collector` gives the same interface over collector processes on other nodes of a
+multi-node SLURM job (TorchRL's ``DistributedCollector`` over ``torch.distributed``, see
+:class:`RemoteCollection`); each of those processes runs :func:`serve_remote_collection`.
+
 Acting happens on CPU: the policy handed to :func:`make_collector` must live there.
 
 The exit hang. In torchrl 0.14 a multi-process collector that is not shut down hangs the interpreter at
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing.util  # noqa: F401  (registers its exit handler now: ours, registered below, runs first)
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,13 +41,20 @@ import numpy as np
 import torch
 from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import Collector, MultiAsyncCollector
+from torchrl.collectors.distributed import DistributedCollector
 from torchrl.envs import EnvBase
 from torchrl.weight_update import SharedMemWeightSyncScheme
 
-from acer_torchrl._torchrl_compat import weight_sync_schemes
+from acer_torchrl._torchrl_compat import (
+    mark_remote_rank_busy,
+    serve_delayed_collection,
+    stop_weight_receivers,
+    weight_sync_schemes,
+)
 from acer_torchrl.processes import ignore_learner_signals
 
 WORKER_SEED_STRIDE = 1_000  # worker i's seeds start at seed + WORKER_SEED_STRIDE * i
+REMOTE_TRAJ_STRIDE = 2**40  # remote rank r numbers its trajectories from r * REMOTE_TRAJ_STRIDE
 
 _OPEN_COLLECTORS: weakref.WeakSet = weakref.WeakSet()
 
@@ -175,3 +187,97 @@ def make_collector(
         weight_sync_schemes={"policy": SharedMemWeightSyncScheme()},
         **common,
     )
+
+
+@dataclass(frozen=True)
+class RemoteCollection:
+    """Where the collector processes of a multi-node job meet the learner: ``ranks`` processes (ranks 1 ..
+    ``ranks`` of a ``torch.distributed`` group of ``ranks + 1``), the learner at ``master_addr``, which
+    listens on ``port`` (process group), ``port + 1`` (TorchRL's instruction store) and ``port + 2`` (the
+    weight-sync store)."""
+
+    master_addr: str
+    port: int
+    ranks: int
+
+
+@dataclass
+class _OffsetTrajectoryIds:
+    """Runs in remote rank ``rank``'s collector: its ``("collector", "traj_ids")`` count from
+    ``rank * REMOTE_TRAJ_STRIDE``, unique across ranks (each rank's collector counts from 0; the replay
+    links steps by these ids)."""
+
+    rank: int
+
+    def __call__(self, batch):
+        batch.set_(("collector", "traj_ids"), batch.get(("collector", "traj_ids")) + self.rank * REMOTE_TRAJ_STRIDE)
+        return batch
+
+
+class RemoteCollector(_ClosingCollector, DistributedCollector):
+    """TorchRL's ``DistributedCollector`` with the ``close()`` / context-manager interface of the others;
+    its ``shutdown()`` ends the remote ranks' weight receivers first, so that they exit cleanly (TorchRL's
+    own shutdown then stops the ranks, then its weight-sync schemes).
+
+    A rank whose batch was taken is marked busy at once. TorchRL leaves its "done" status until the rank reads
+    its next instruction, and takes the first rank it finds "done": the learner then waited for that rank's
+    next batch while the others' batches were ready (rank 1 served, the others starved and their batches
+    aged)."""
+
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        if self in _OPEN_COLLECTORS:  # not shut down yet
+            _OPEN_COLLECTORS.discard(self)
+            stop_weight_receivers(self)
+        DistributedCollector.shutdown(self, timeout=timeout)  # its schemes after its ranks have exited
+
+    def _next_async(self, total_frames, trackers):
+        data, total_frames, index = super()._next_async(total_frames, trackers)
+        mark_remote_rank_busy(self, index + 1)
+        return data, total_frames, index
+
+
+def make_remote_collector(
+    env_fns: Sequence[Callable[[], EnvBase]],
+    policy: TensorDictModuleBase,
+    remote: RemoteCollection,
+    *,
+    frames_per_batch: int,
+    total_frames: int = -1,
+    seed: int = 0,
+    launcher: str = "submitit_delayed",
+) -> RemoteCollector:
+    """Collector over ``remote.ranks`` processes on other nodes, one env factory each (``env_fns``), with
+    :func:`make_collector`'s interface: iterate it for one rank's ``frames_per_batch`` steps (ranks
+    deliver asynchronously, each holding one batch until the learner has taken it), then
+    ``update_policy_weights_()`` sends the learner policy's parameters to every rank (a background thread
+    there applies them, also mid-batch, and acknowledges: the call returns once every rank has them).
+
+    Each rank runs a single-process TorchRL ``Collector`` over its env (``env.num_envs`` games); rank
+    ``r``'s torch and numpy RNGs are seeded with ``seed + WORKER_SEED_STRIDE * r``. The processes must be
+    running :func:`serve_remote_collection` (``launcher="submitit_delayed"``: the other tasks of the SLURM
+    job, see ``acer_torchrl/cluster.py``); ``launcher="mp"`` starts them here as local processes (tests).
+    """
+    if len(env_fns) != remote.ranks:
+        raise ValueError(f"got {len(env_fns)} env factories for {remote.ranks} remote collector ranks")
+    per_rank = [{"auto_register_policy_transforms": False, "postproc": _OffsetTrajectoryIds(r + 1)} for r in range(remote.ranks)]
+    return RemoteCollector(
+        [_WorkerEnv(fn, seed + WORKER_SEED_STRIDE * (r + 1), False) for r, fn in enumerate(env_fns)],
+        policy,
+        frames_per_batch=frames_per_batch,
+        total_frames=total_frames if total_frames >= 0 else sys.maxsize,  # TorchRL's -1 (never) stops it at once
+        env_device="cpu",
+        policy_device="cpu",
+        storing_device="cpu",
+        collector_class=Collector,
+        collector_kwargs=per_rank,
+        launcher=launcher,
+        tcp_port=remote.port,
+    )
+
+
+def serve_remote_collection(rank: int, remote: RemoteCollection) -> None:
+    """Run collector rank ``rank`` (1 .. ``remote.ranks``) of a multi-node job until the learner shuts the
+    collection down: join the learner's process group, receive the env factory, policy and settings from it,
+    collect and send batches, apply the weights it sends (TorchRL's delayed-launch node, see
+    ``acer_torchrl/_torchrl_compat.py``)."""
+    serve_delayed_collection(rank, remote.ranks + 1, remote.master_addr, remote.port)

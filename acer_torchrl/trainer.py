@@ -31,7 +31,7 @@ from tqdm import tqdm
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from acer_torchrl.collectors import make_collector
+from acer_torchrl.collectors import RemoteCollection, make_collector, make_remote_collector
 from acer_torchrl.config import Config, dump_yaml, resume_changes
 from acer_torchrl.envs import env_info, make_env_fn
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config
@@ -88,9 +88,10 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-def learner_threads(cfg: Config) -> int:
-    """``cfg.threads``, or (0) the cores the collector workers leave free, at least one."""
-    return cfg.threads or max(1, available_cores() - cfg.collector.workers)
+def learner_threads(cfg: Config, remote_collection: bool = False) -> int:
+    """``cfg.threads``, or (0) the cores the collector workers leave free, at least one (all of the task's
+    cores when the collectors are a multi-node job's other tasks)."""
+    return cfg.threads or max(1, available_cores() - (0 if remote_collection else cfg.collector.workers))
 
 
 def default_run_dir(cfg: Config) -> Path:
@@ -101,15 +102,16 @@ def default_run_dir(cfg: Config) -> Path:
 class Trainer:
     """Owns the run: agent, optimiser, replay, collector, counters and the run directory."""
 
-    def __init__(self, cfg: Config, stop_signals: bool = False):
+    def __init__(self, cfg: Config, stop_signals: bool = False, remote: RemoteCollection | None = None):
         self.cfg = cfg
         self.stop_signals = stop_signals  # see stopping_on_signals
+        self.remote = remote  # collector processes on other nodes (a multi-node job) instead of local workers
         self.stop_signal: int | None = None
         self.device = resolve_device(cfg.device)
         run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
         self.run_dir = prepare_run_dir(run_dir, resume=bool(cfg.resume), overwrite=cfg.overwrite)
         cfg.run_dir = str(self.run_dir)
-        torch.set_num_threads(learner_threads(cfg))
+        torch.set_num_threads(learner_threads(cfg, remote_collection=remote is not None))
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
         self.info = env_info(cfg.env)
@@ -447,13 +449,17 @@ class Trainer:
                 signal.signal(sig, handler)
 
     def make_collector(self, remaining: int):
-        """This run's collector: ``collector.workers`` processes (in-process when 0), ``remaining`` steps."""
+        """This run's collector for ``remaining`` steps: ``collector.workers`` processes (in-process when 0),
+        or the job's collector ranks on other nodes when it has them (``remote``)."""
         cfg, c = self.cfg, self.counters
-        workers = cfg.collector.workers
+        workers = self.remote.ranks if self.remote else cfg.collector.workers
         env_fns = [
             make_env_fn(cfg.env, seed=cfg.seed + 1_000 * (i + 1) + 97 * c.restarts, extra_transforms=self.agent.env_transforms)
             for i in range(max(workers, 1))
         ]
+        if self.remote:
+            return make_remote_collector(env_fns, self.acting, self.remote, frames_per_batch=cfg.collector.frames_per_batch,
+                                         total_frames=remaining, seed=cfg.seed + c.restarts)
         return make_collector(
             env_fns if workers else env_fns[0],
             self.acting,
@@ -528,7 +534,8 @@ class Trainer:
         return any(before < step <= after for step in final_window_steps(self.cfg.total_frames))
 
 
-def train(cfg: Config, stop_signals: bool = False) -> dict:
+def train(cfg: Config, stop_signals: bool = False, remote: RemoteCollection | None = None) -> dict:
     """Run (or resume) one training run described by ``cfg``; returns its summary. With ``stop_signals``,
-    SIGINT / SIGTERM end it with a checkpoint and :class:`Interrupted`."""
-    return Trainer(cfg, stop_signals).train()
+    SIGINT / SIGTERM end it with a checkpoint and :class:`Interrupted`; with ``remote``, the collectors
+    are processes on other nodes (see :class:`~acer_torchrl.collectors.RemoteCollection`)."""
+    return Trainer(cfg, stop_signals, remote).train()

@@ -5,6 +5,11 @@
   python slurm/submit.py acer preset=cartpole total_frames=2000 --local      # this machine, no SLURM
   python slurm/submit.py tabulate runs/vracer-sweep-20250101-120000
   python slurm/submit.py laser_sweep agents=3 preset=cartpole --cpus 2   # one job, one task per agent
+  python slurm/submit.py acer preset=minatar collector.workers=7 --nodes 2 --cpus 2   # collect on 2 nodes
+
+A run with ``--nodes N`` is one job of N x (``collector.workers`` + 1) tasks: task 0 is the learner, every
+other task one collector process sending it batches over ``torch.distributed`` (the first node holds the
+learner and ``collector.workers`` collectors, every other node ``collector.workers`` + 1 collectors).
 
 The LASER shared-replay sweep (``laser_sweep``, see ``recipes/laser_sweep.py``) is one job with one task
 per agent; rank 0 holds the one replay and serves it to the others.
@@ -91,14 +96,27 @@ def fresh_dir(parent: Path, stem: str) -> Path:
             path = base.with_name(f"{base.name}-{i}")
 
 
-def check_config(recipe: str, overrides: list[str]) -> None:
+def check_config(recipe: str, overrides: list[str]):
     """Build the config here so that a bad override fails now, not after the job has waited in the queue."""
     from acer_torchrl.config import ConfigError, load_config
 
     try:
-        load_config(recipe, overrides)
+        return load_config(recipe, overrides)
     except ConfigError as err:
         raise SubmitError(str(err)) from None
+
+
+def tasks_per_node(args: argparse.Namespace, configs: list) -> int:
+    """1, or with ``--nodes`` > 1 the tasks of each node: ``collector.workers`` collectors and the learner's
+    task (on the first node; a further collector on the others)."""
+    if args.nodes == 1:
+        return 1
+    workers = {cfg.collector.workers for cfg in configs}
+    if len(workers) > 1:
+        raise SubmitError(f"--nodes {args.nodes}: the sweep's points need one collector.workers, got {sorted(workers)}")
+    if args.local:
+        raise SubmitError(f"--nodes {args.nodes} needs SLURM (--local runs on this machine alone)")
+    return workers.pop() + 1
 
 
 def plan_points(overrides: list[str], sweep: str | None) -> list[tuple[dict[str, str], list[str]]]:
@@ -158,7 +176,7 @@ def wait_and_report(jobs: list, runs: list[dict]) -> int:
     failed = 0
     for job, run in zip(jobs, runs):
         try:
-            summary = job.results()[0]  # a multi-task job (laser_sweep): rank 0 reports
+            summary = job.results()[0]  # a multi-task job (laser_sweep, --nodes N): rank 0 reports
         except (FailedJobError, UncompletedJobError) as err:
             failed += 1
             print(f"job {job.job_id} ({run['name']}) FAILED: {error_line(err)}; log {job.paths.stderr}")
@@ -206,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpus", type=int, default=1, help="CPUs per job (default 1)")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs per job (default 0)")
     parser.add_argument("--nodes", type=int, default=1,
-                        help="nodes of a laser_sweep job, its agents spread evenly over them (default 1)")
+                        help="nodes of a job: a run collects on all of them (collector.workers + 1 tasks a node), "
+                             "a laser_sweep spreads its agents evenly over them (default 1)")
     parser.add_argument("--sweep", help='cross product as a job array, e.g. "optim.lr=1e-4,3e-4 seed=0,1,2"')
     parser.add_argument("--local", action="store_true", help="run the jobs on this machine (no SLURM); implies --wait")
     parser.add_argument("--logs", type=Path, help="submitit log folder (default <run or sweep dir>/submitit)")
@@ -231,11 +250,6 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_intermixed_args(argv)
         if args.time < 1 or args.cpus < 1 or args.nodes < 1 or args.gpus < 0 or args.max_timeouts < 0:
             raise SubmitError("--time, --cpus and --nodes must be >= 1, --gpus and --max-timeouts >= 0")
-        if args.nodes > 1 and args.recipe != SHARED_REPLAY_SWEEP:
-            raise SubmitError(
-                f"--nodes {args.nodes}: a {args.recipe} run has one learner, which collects on its own node only "
-                f"(distributed collection is not implemented); several nodes serve {SHARED_REPLAY_SWEEP}'s agents"
-            )
         return submit(args)
     except SubmitError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -255,14 +269,17 @@ def submit(args: argparse.Namespace) -> int:
     if args.recipe == SHARED_REPLAY_SWEEP:
         return submit_shared_replay_sweep(args)
     points = plan_points(args.overrides, args.sweep)
-    for _, point_overrides in points:
-        check_config(args.recipe, point_overrides)
+    tasks = tasks_per_node(args, [check_config(args.recipe, point_overrides) for _, point_overrides in points])
     require_sbatch(args)
     # resume=<run_dir> continues that run in place
     given_dir = override_value(args.overrides, "run_dir") or override_value(args.overrides, "resume")
     top_dir, runs = plan_runs(args.recipe, given_dir, points, args.sweep is not None)
     warn_short_time(args)
     executor = make_executor(args, (args.logs or top_dir / "submitit").resolve())
+    executor.update_parameters(nodes=args.nodes, tasks_per_node=tasks)
+    if args.nodes > 1:
+        print(f"{args.nodes} nodes x {tasks} tasks a job: the learner and {tasks - 1} collector processes on the first "
+              f"node, {tasks} collector processes on each other")
     if len(runs) == 1:
         jobs = [executor.submit(RecipeJob(), args.recipe, runs[0]["overrides"])]
     else:

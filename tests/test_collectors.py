@@ -1,5 +1,6 @@
 """Collectors: batch layout, trajectory ids, recurrent state, weight pushes, clean exit."""
 
+import socket
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,15 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.modules import LSTMModule, ProbabilisticActor
 
-from acer_torchrl.collectors import InProcessCollector, MultiProcessCollector, make_collector
+from acer_torchrl.collectors import (
+    REMOTE_TRAJ_STRIDE,
+    InProcessCollector,
+    MultiProcessCollector,
+    RemoteCollection,
+    RemoteCollector,
+    make_collector,
+    make_remote_collector,
+)
 from acer_torchrl.envs import EnvConfig, make_env_fn
 
 NUM_ENVS, T = 2, 25
@@ -29,23 +38,47 @@ def recurrent_policy():
     return policy, lstm, head
 
 
-@pytest.fixture(scope="module")
-def recurrent_run():
-    """Two workers with two CartPoles each, an LSTM policy; yields (collector, head, batches)."""
+def free_port_triple() -> int:
+    """A port p with p, p + 1 and p + 2 free here (a remote collection listens on the three)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("localhost", 0))
+            port = probe.getsockname()[1]
+        if port + 2 < 65536:
+            try:
+                for offset in (1, 2):
+                    with socket.socket() as s:
+                        s.bind(("localhost", port + offset))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no three consecutive free ports")
+
+
+@pytest.fixture(scope="module", params=["workers", "remote"])
+def recurrent_run(request):
+    """Two collector processes with two CartPoles each, an LSTM policy; yields (collector, head, batches,
+    the batch iterator).
+    ``workers``: :func:`make_collector`'s worker processes; ``remote``: :func:`make_remote_collector`'s
+    ranks of a ``torch.distributed`` group, started here as local processes (a multi-node job's other tasks
+    run the same code under SLURM: tests/test_slurm.py)."""
     policy, lstm, head = recurrent_policy()
     env_fn = make_env_fn(EnvConfig(num_envs=NUM_ENVS, max_episode_steps=30), extra_transforms=[lstm.make_tensordict_primer()])
-    with make_collector(env_fn, policy, num_workers=2, frames_per_batch=NUM_ENVS * T, seed=0) as collector:
+    if request.param == "workers":
+        collector = make_collector(env_fn, policy, num_workers=2, frames_per_batch=NUM_ENVS * T, seed=0)
         assert isinstance(collector, MultiProcessCollector)
-        batches = []
-        for batch in collector:
-            batches.append(batch)
-            if len(batches) == 8:
-                break
-        yield collector, head, batches
+    else:
+        remote = RemoteCollection("localhost", free_port_triple(), ranks=2)
+        collector = make_remote_collector([env_fn, env_fn], policy, remote, frames_per_batch=NUM_ENVS * T, launcher="mp")
+        assert isinstance(collector, RemoteCollector)
+    with collector:
+        stream = iter(collector)  # one iteration for the whole run, as the trainer does
+        batches = [next(stream) for _ in range(8)]
+        yield collector, head, batches, stream
 
 
 def test_batches_are_env_major_with_unique_trajectory_ids(recurrent_run):
-    _, _, batches = recurrent_run
+    collector, _, batches, _ = recurrent_run
     steps_of = {}  # traj id -> step counts seen under it
     for batch in batches:
         assert batch.shape == (NUM_ENVS, T)
@@ -56,6 +89,8 @@ def test_batches_are_env_major_with_unique_trajectory_ids(recurrent_run):
             for i, s in zip(row_ids.tolist(), row_steps.tolist()):
                 steps_of.setdefault(i, []).append(s)
     assert len(steps_of) > 2 * NUM_ENVS
+    if isinstance(collector, RemoteCollector):  # rank r's ids from r * stride: both ranks delivered
+        assert {i // REMOTE_TRAJ_STRIDE for i in steps_of} == {1, 2}
     for i, steps in steps_of.items():
         # one stream per id: its steps are one run of consecutive counts (two workers or envs sharing an id
         # would repeat counts)
@@ -64,7 +99,7 @@ def test_batches_are_env_major_with_unique_trajectory_ids(recurrent_run):
 
 
 def test_recurrent_state_is_in_every_step(recurrent_run):
-    _, _, batches = recurrent_run
+    _, _, batches, _ = recurrent_run
     for batch in batches:
         h, next_h = batch["recurrent_state_h"], batch["next", "recurrent_state_h"]
         assert h.shape == (NUM_ENVS, T, 1, 8) and batch["recurrent_state_c"].shape == h.shape
@@ -76,16 +111,12 @@ def test_recurrent_state_is_in_every_step(recurrent_run):
 
 
 def test_weight_push_changes_the_workers_policy(recurrent_run):
-    collector, head, batches = recurrent_run
+    collector, head, batches, stream = recurrent_run
     assert 0.2 < torch.cat([b["action"].float().flatten() for b in batches]).mean() < 0.8
     with torch.no_grad():
         head.bias.copy_(torch.tensor([50.0, -50.0]))  # action 0 always
     collector.update_policy_weights_()
-    after = []
-    for batch in collector:
-        after.append(batch["action"])
-        if len(after) == 4:
-            break
+    after = [next(stream)["action"] for _ in range(4)]
     # the first two may have been (partly) collected before the push, one per worker
     assert (after[2] == 0).all() and (after[3] == 0).all()
 

@@ -254,6 +254,40 @@ def test_shared_replay_sweep_across_two_nodes_resumes_after_requeue(tmp_path):
 
 
 @slurm
+@pytest.mark.usefixtures("two_nodes")
+def test_a_run_collects_on_both_nodes_of_a_two_node_job_and_resumes_after_requeue(tmp_path):
+    """``submit.py <recipe> --nodes 2`` with ``collector.workers=1``: two tasks a node, the learner (rank 0)
+    and collector rank 1 on the first node, collector ranks 2 and 3 on the second, sending their batches to
+    the learner over torch.distributed; after an external requeue all four tasks restart, the learner from
+    its checkpoint, and the replay holds trajectories of all three collector ranks."""
+    from acer_torchrl.collectors import REMOTE_TRAJ_STRIDE
+
+    run_dir, total, capacity = tmp_path / "run", 6144, 8192
+    overrides = [o for o in TINY if not o.startswith("collector.workers")]
+    cmd = [sys.executable, str(SUBMIT), RECIPE, *overrides, "collector.workers=1", f"total_frames={total}",
+           f"replay.capacity={capacity}", "log.checkpoint_interval=256", f"run_dir={run_dir}", "--time", "60",
+           "--nodes", "2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
+    job_id = next(line.split()[1] for line in out.splitlines() if line.startswith("job "))
+    job = submitit.SlurmJob(folder=run_dir / "submitit" / "%j", job_id=job_id, tasks=(0, 1, 2, 3))
+
+    wait_until(lambda: (read_counters(run_dir) or {}).get("env_steps", 0) >= 256, "a first checkpoint", job)
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    pickles = [JobPaths(job.paths.folder, job_id, task_id=rank).result_pickle for rank in range(4)]
+    wait_until(lambda: all(p.exists() for p in pickles), "the requeued tasks' results", job)  # see job_state
+    wait_until(lambda: job_state(job_id) == "COMPLETED", "sacct to show COMPLETED", timeout_s=60)  # no task failed
+
+    summary = job.results()[0]
+    assert summary["restarts"] == 1 and total <= summary["env_steps"] < total + 3 * 32  # a batch in flight a rank
+    traj_ids = replay_column(run_dir / "checkpoint", ("collector", "traj_ids"), capacity)
+    assert set((traj_ids // REMOTE_TRAJ_STRIDE).tolist()) == {1, 2, 3}
+    logs = {rank: JobPaths(run_dir / "submitit" / "%j", job_id, task_id=rank).stdout.read_text() for rank in range(4)}
+    first, second = expanded_hostnames(job_nodes(job_id))
+    assert [f"hostname={first}" in logs[r] for r in range(4)] == [True, True, False, False], logs
+    assert all(f"hostname={second}" in logs[r] for r in (2, 3)), logs
+
+
+@slurm
 @uses_cluster
 def test_bad_override_surfaces_as_failed_job(tmp_path, capsys):
     job = executor(tmp_path).submit(RecipeJob(), RECIPE, ["optim.lrr=1", f"run_dir={tmp_path / 'run'}"])
@@ -301,7 +335,8 @@ def test_submit_rejects_user_mistakes_in_one_line(tmp_path):
         ([RECIPE, "seed=1", f"run_dir={tmp_path / 'b'}", "--sweep", "seed=2,3"], "both as an override"),
         ([RECIPE, "seed", "--local"], "not key=value"),
         (["tabulate", str(tmp_path)], "not a sweep directory"),
-        ([RECIPE, "seed=1", "--nodes", "2"], "distributed collection is not implemented"),
+        ([RECIPE, "seed=1", "--nodes", "2", f"run_dir={tmp_path / 'd'}", "--local"], "--nodes 2 needs SLURM"),
+        ([RECIPE, f"run_dir={tmp_path / 'e'}", "--nodes", "2", "--sweep", "collector.workers=1,2"], "one collector.workers"),
         (["laser_sweep", "agents=3", "--nodes", "2", f"run_dir={tmp_path / 'c'}"], "do not spread evenly"),
         ([RECIPE, "seed=1", "--nodes", "0"], "--nodes must be >= 1"),
     ):
