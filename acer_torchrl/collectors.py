@@ -116,14 +116,17 @@ class InProcessCollector(_ClosingCollector, Collector):
 @dataclass
 class _WorkerEnv:
     """Env factory called in a worker process: seeds that process's torch and numpy RNGs (the acting
-    policy samples with torch) and, when ``seed_env``, the env itself."""
+    policy samples with torch) and, when ``seed_env``, the env itself; a worker of the learner's
+    (``learner_child``) leaves the learner's signals to it (a remote rank is a task of its own)."""
 
     create_env_fn: Callable[[], EnvBase]
     seed: int
     seed_env: bool
+    learner_child: bool = True
 
     def __call__(self) -> EnvBase:
-        ignore_learner_signals()
+        if self.learner_child:
+            ignore_learner_signals()
         torch.manual_seed(self.seed)
         np.random.seed(self.seed % 2**32)
         env = self.create_env_fn()
@@ -260,19 +263,25 @@ def make_remote_collector(
     if len(env_fns) != remote.ranks:
         raise ValueError(f"got {len(env_fns)} env factories for {remote.ranks} remote collector ranks")
     per_rank = [{"auto_register_policy_transforms": False, "postproc": _OffsetTrajectoryIds(r + 1)} for r in range(remote.ranks)]
-    return RemoteCollector(
-        [_WorkerEnv(fn, seed + WORKER_SEED_STRIDE * (r + 1), False) for r, fn in enumerate(env_fns)],
-        policy,
-        frames_per_batch=frames_per_batch,
-        total_frames=total_frames if total_frames >= 0 else sys.maxsize,  # TorchRL's -1 (never) stops it at once
-        env_device="cpu",
-        policy_device="cpu",
-        storing_device="cpu",
-        collector_class=Collector,
-        collector_kwargs=per_rank,
-        launcher=launcher,
-        tcp_port=remote.port,
-    )
+    # TorchRL builds rank 1's env here too (one batch, for the layout of the batches to receive): its factory
+    # seeds this process's RNGs, which the learner's own draws must not see
+    numpy_state = np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        collector = RemoteCollector(
+            [_WorkerEnv(fn, seed + WORKER_SEED_STRIDE * (r + 1), False, learner_child=False) for r, fn in enumerate(env_fns)],
+            policy,
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames if total_frames >= 0 else sys.maxsize,  # TorchRL's -1 (never) stops at once
+            env_device="cpu",
+            policy_device="cpu",
+            storing_device="cpu",
+            collector_class=Collector,
+            collector_kwargs=per_rank,
+            launcher=launcher,
+            tcp_port=remote.port,
+        )
+    np.random.set_state(numpy_state)
+    return collector
 
 
 def serve_remote_collection(rank: int, remote: RemoteCollection) -> None:

@@ -1,5 +1,6 @@
 """Collectors: batch layout, trajectory ids, recurrent state, weight pushes, clean exit."""
 
+import signal
 import socket
 import subprocess
 import sys
@@ -69,8 +70,11 @@ def recurrent_run(request):
         assert isinstance(collector, MultiProcessCollector)
     else:
         remote = RemoteCollection("localhost", free_port_triple(), ranks=2)
+        handler, rng = signal.getsignal(signal.SIGINT), torch.get_rng_state()
         collector = make_remote_collector([env_fn, env_fn], policy, remote, frames_per_batch=NUM_ENVS * T, launcher="mp")
         assert isinstance(collector, RemoteCollector)
+        # TorchRL built rank 1's env here too: the learner keeps its Ctrl-C / preemption handlers and its RNG
+        assert signal.getsignal(signal.SIGINT) is handler and torch.equal(torch.get_rng_state(), rng)
     with collector:
         stream = iter(collector)  # one iteration for the whole run, as the trainer does
         batches = [next(stream) for _ in range(8)]

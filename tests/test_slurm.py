@@ -255,14 +255,15 @@ def test_shared_replay_sweep_across_two_nodes_resumes_after_requeue(tmp_path):
 
 @slurm
 @pytest.mark.usefixtures("two_nodes")
-def test_a_run_collects_on_both_nodes_of_a_two_node_job_and_resumes_after_requeue(tmp_path):
+def test_a_run_collects_on_both_nodes_of_a_two_node_job_and_resumes_after_requeue_and_preemption(tmp_path):
     """``submit.py <recipe> --nodes 2`` with ``collector.workers=1``: two tasks a node, the learner (rank 0)
     and collector rank 1 on the first node, collector ranks 2 and 3 on the second, sending their batches to
     the learner over torch.distributed; after an external requeue all four tasks restart, the learner from
-    its checkpoint, and the replay holds trajectories of all three collector ranks."""
+    its checkpoint, then again after submitit's preemption signal (which rank 0, the learner, must still
+    handle), and the replay holds trajectories of all three collector ranks."""
     from acer_torchrl.collectors import REMOTE_TRAJ_STRIDE
 
-    run_dir, total, capacity = tmp_path / "run", 6144, 8192
+    run_dir, total, capacity = tmp_path / "run", 16384, 20480
     overrides = [o for o in TINY if not o.startswith("collector.workers")]
     cmd = [sys.executable, str(SUBMIT), RECIPE, *overrides, "collector.workers=1", f"total_frames={total}",
            f"replay.capacity={capacity}", "log.checkpoint_interval=256", f"run_dir={run_dir}", "--time", "60",
@@ -273,12 +274,15 @@ def test_a_run_collects_on_both_nodes_of_a_two_node_job_and_resumes_after_requeu
 
     wait_until(lambda: (read_counters(run_dir) or {}).get("env_steps", 0) >= 256, "a first checkpoint", job)
     subprocess.run(["scontrol", "requeue", job_id], check=True)
+    wait_until(lambda: (read_counters(run_dir) or {}).get("restarts") == 1, "a checkpoint after the requeue", job)
+    assert read_counters(run_dir)["env_steps"] < total, "the run ended before it could be interrupted; raise total"
+    job._interrupt()  # submitit's preemption: SIGTERM then USR2 -> RecipeJob.checkpoint on rank 0 -> requeue
     pickles = [JobPaths(job.paths.folder, job_id, task_id=rank).result_pickle for rank in range(4)]
     wait_until(lambda: all(p.exists() for p in pickles), "the requeued tasks' results", job)  # see job_state
     wait_until(lambda: job_state(job_id) == "COMPLETED", "sacct to show COMPLETED", timeout_s=60)  # no task failed
 
     summary = job.results()[0]
-    assert summary["restarts"] == 1 and total <= summary["env_steps"] < total + 3 * 32  # a batch in flight a rank
+    assert summary["restarts"] == 2 and total <= summary["env_steps"] < total + 3 * 32  # a batch in flight a rank
     traj_ids = replay_column(run_dir / "checkpoint", ("collector", "traj_ids"), capacity)
     assert set((traj_ids // REMOTE_TRAJ_STRIDE).tolist()) == {1, 2, 3}
     logs = {rank: JobPaths(run_dir / "submitit" / "%j", job_id, task_id=rank).stdout.read_text() for rank in range(4)}
