@@ -16,6 +16,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -107,6 +108,7 @@ class Trainer:
         self.stop_signals = stop_signals  # see stopping_on_signals
         self.remote = remote  # collector processes on other nodes (a multi-node job) instead of local workers
         self.stop_signal: int | None = None
+        self._held_requeue = None  # submitit's preemption handler, held until the batch in hand is done
         self.device = resolve_device(cfg.device)
         run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
         self.run_dir = prepare_run_dir(run_dir, resume=bool(cfg.resume), overwrite=cfg.overwrite)
@@ -307,6 +309,9 @@ class Trainer:
                     if self.stop_signal is not None:
                         self.checkpoint()
                         raise Interrupted(self.stop_signal, self.counters.env_steps, self.cfg.loss, self.run_dir)
+                    if self._held_requeue is not None:
+                        self.checkpoint()  # the requeued job resumes from this batch
+                        self._held_requeue()  # submitit: requeue, then exit
             self.stop_collecting()
             return self.finish()
         finally:
@@ -429,9 +434,11 @@ class Trainer:
     def stopping_on_signals(self):
         """With ``stop_signals`` (the recipe command line), SIGINT / SIGTERM set :attr:`stop_signal`: the loop
         stops after the batch in hand, with a checkpoint. A second signal acts as it did before (e.g. Ctrl-C's
-        KeyboardInterrupt). Under submitit (:mod:`acer_torchrl.cluster`) its own handlers are left in place."""
+        KeyboardInterrupt). Under submitit (:mod:`acer_torchrl.cluster`) its handlers stay, but its preemption /
+        time-out signal waits for the batch in hand (:meth:`holding_requeue`)."""
         if not self.stop_signals:
-            yield
+            with self.holding_requeue():
+                yield
             return
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
@@ -447,6 +454,27 @@ class Trainer:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    @contextlib.contextmanager
+    def holding_requeue(self):
+        """Under SLURM, submitit's preemption / time-out signal (SIGUSR2) runs a handler that requeues the job
+        and exits (``SystemExit``) from whatever code the signal interrupted. Inside a loss's forward that met
+        tensordict's ``to_module`` context, whose exit raised an error of its own over the ``SystemExit``: the
+        job ended as failed (``tests/test_slurm.py``, now and then). So the signal is held here and the loop
+        calls the handler after the batch in hand, with a checkpoint first."""
+        handler = signal.getsignal(signal.SIGUSR2)
+        if "SLURM_JOB_ID" not in os.environ or not callable(handler) or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def hold(signum, frame) -> None:
+            self._held_requeue = lambda: handler(signum, frame)
+
+        signal.signal(signal.SIGUSR2, hold)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGUSR2, handler)
 
     def make_collector(self, remaining: int):
         """This run's collector for ``remaining`` steps: ``collector.workers`` processes (in-process when 0),

@@ -254,3 +254,31 @@ def test_recipe_reports_bad_env_as_one_line(tmp_path):
                            f"run_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "unknown env.name 'Nope-v0'" in proc.stderr
+
+
+def test_slurm_preemption_signal_waits_for_the_batch_in_hand(monkeypatch):
+    """Under SLURM, submitit's SIGUSR2 handler requeues and exits from wherever it lands (inside a loss's
+    forward it met tensordict's context managers and the job failed): the trainer holds it until the loop
+    calls it after the batch in hand, then puts submitit's handler back."""
+    from types import SimpleNamespace
+
+    from acer_torchrl.trainer import Trainer
+
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    calls = []
+
+    def submitit_handler(signum, _frame):
+        calls.append(signum)
+
+    previous = signal.signal(signal.SIGUSR2, submitit_handler)
+    try:
+        trainer = SimpleNamespace(_held_requeue=None)
+        with Trainer.holding_requeue(trainer):
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.01)
+            assert calls == [] and trainer._held_requeue is not None
+            trainer._held_requeue()  # what the loop does after the batch
+            assert calls == [signal.SIGUSR2]
+        assert signal.getsignal(signal.SIGUSR2) is submitit_handler
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
