@@ -40,6 +40,7 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Storage, TensorDi
 
 from acer_torchrl._torchrl_compat import set_write_position, stored_tensordict
 from acer_torchrl.objectives.names import MASK_KEY, SLOT_KEY
+from acer_torchrl.objectives.stored_estimates import EpisodeLinks
 from acer_torchrl.validation import ConfigError
 
 TRAJ_KEY = ("collector", "traj_ids")
@@ -85,8 +86,9 @@ class Replay(Protocol):
 
     Steps are written as collected (``extend`` returns their slots) and read back as ``[B, T]`` sequences
     that never cross an episode boundary (``"mask"`` marks the real steps, ``"slot"`` their slots) or as
-    single steps; ``update`` and ``column`` are the write-back and whole-replay statistics of the losses
-    that store estimates (V-RACER; its further needs are :class:`~acer_torchrl.objectives.vracer.EpisodeStore`).
+    single steps. A loss that keeps estimates per stored step (V-RACER) also reads ``capacity``,
+    ``steps_written``, ``episode_links`` and ``gather``
+    (:class:`~acer_torchrl.objectives.stored_estimates.EpisodeStore`).
     """
 
     steps_missing: int  # env steps the collectors ran but never delivered
@@ -104,10 +106,6 @@ class Replay(Protocol):
     ) -> None: ...
 
     def zero_recurrent_state(self, sample: TensorDictBase, hidden_keys: list[str]) -> None: ...
-
-    def update(self, slots: torch.Tensor, values: TensorDictBase) -> None: ...
-
-    def column(self, key: NestedKey, alive_only: bool = True) -> torch.Tensor: ...
 
     def save(self, path: Path) -> None: ...
 
@@ -338,14 +336,12 @@ class EpisodeReplay:
         counts.index_add_(0, self.first[alive], torch.ones_like(self.first[alive]))
         return counts[firsts]
 
-    def update(self, slots: torch.Tensor, values: TensorDictBase) -> None:
-        """Write ``values`` (some keys only) into the stored steps at ``slots`` (V-RACER's write-back)."""
-        stored = stored_tensordict(self.buffer.storage)  # the public API writes whole steps
-        for key, value in values.items(include_nested=True, leaves_only=True):
-            stored.get(key)[slots] = value.to(stored.get(key).dtype)
+    def episode_links(self) -> tuple[int, EpisodeLinks]:
+        """``steps_written`` and how the slots form episodes (the replay's own tensors: the next write changes them)."""
+        return self.steps_written, EpisodeLinks(self.alive, self.episode, self.position, self.next)
 
     def column(self, key, alive_only: bool = True) -> torch.Tensor:
-        """One stored key over the replay (for statistics over the whole replay, e.g. ReF-ER's far share)."""
+        """One stored key over the replay (statistics over the whole replay, e.g. the sweep's per-agent counts)."""
         values = stored_tensordict(self.buffer.storage).get(key)[: min(self.steps_written, self.capacity)]
         if alive_only:
             values = values[self.alive[: values.shape[0]]]

@@ -237,7 +237,9 @@ class Trainer:
         return torch.cat([p.select(*keys) for p in parts], 0)
 
     def update(self, batch: TensorDictBase) -> dict[str, float]:
-        batch = self.loss.before_update(batch, self.replay).to(self.device)
+        batch = self.loss.before_update(batch, self.replay)
+        if batch.device != self.device:  # a CPU batch for a CUDA learner (a copy per key even when already there)
+            batch = batch.to(self.device)
         with set_recurrent_mode(True):
             out = self.loss(batch)
         total = sum(v for k, v in out.items() if k.startswith("loss_"))
@@ -259,8 +261,9 @@ class Trainer:
         self.loss.after_update(batch, out, self.replay)
         names = [k for k, v in out.items() if v.numel() >= 1]
         # a loss may report a statistic computed on the replay's device (V-RACER's far share: CPU)
-        means = [out.get(k).detach().float().mean().to(grad_norm.device) for k in names] + [grad_norm.detach().float()]
-        stats = dict(zip([*names, "grad_norm"], torch.stack(means).tolist()))  # one device sync, not one per entry
+        means = [v if v.ndim == 0 else v.mean() for v in (out.get(k).detach() for k in names)]
+        means = [m.to(grad_norm.device) for m in means] if self.device.type != "cpu" else means
+        stats = dict(zip([*names, "grad_norm"], torch.stack([*means, grad_norm.detach()]).float().tolist()))  # one sync
         self.watch_health(stats)
         return stats
 

@@ -238,13 +238,13 @@ def bench_size(B: int, T: int, repeats: int, plain_budget: float) -> list[dict]:
 
 def vtbc_replay(B: int, T: int):
     """A V-RACER loss and a replay of B episodes of T steps (the last step terminated in even rows,
-    truncated in odd ones) holding ``make_inputs``' values, rho and rewards as V-RACER's stored estimates."""
+    truncated in odd ones), the loss's stored estimates holding ``make_inputs``' values, rho and rewards."""
     from tensordict import TensorDict
 
     from acer_torchrl.config import load_config
     from acer_torchrl.envs import env_info
     from acer_torchrl.algorithms.vracer import build
-    from acer_torchrl.objectives.vracer import NEXT_VALUE, QRET, RHO, VALUE, VTBC
+    from acer_torchrl.objectives.vracer import NEXT_VALUE, REWARD, RHO, TERMINAL, VALUE
     from acer_torchrl.replay import TRAJ_KEY, EpisodeReplay
 
     cfg = load_config("vracer", ["preset=pendulum"])
@@ -253,25 +253,23 @@ def vtbc_replay(B: int, T: int):
     done = torch.zeros(B, T, 1, dtype=torch.bool)
     done[:, -1] = True
     terminated = done & (torch.arange(B) % 2 == 0).view(B, 1, 1)
-    stored = {VALUE: x["state_value"], RHO: x["log_rho"].exp(), NEXT_VALUE: x["next_state_value"],
-              VTBC: torch.zeros(B, T, 1), QRET: torch.zeros(B, T, 1)}
     batch = TensorDict({TRAJ_KEY: torch.arange(B).unsqueeze(-1).expand(B, T),
-                        "next": {"done": done, "terminated": terminated, "reward": x["reward"]},
-                        loss.tensor_keys.stored: stored}, batch_size=[B, T])
+                        "next": {"done": done, "terminated": terminated, "reward": x["reward"]}}, batch_size=[B, T])
     replay = EpisodeReplay(B * T)
-    replay.extend(batch)
-    return loss, replay, torch.arange(B * T)
+    slots = replay.extend(batch)
+    loss.stored.sync(replay)
+    loss.stored.write(slots, **{VALUE: x["state_value"], RHO: x["log_rho"].exp(), NEXT_VALUE: x["next_state_value"],
+                                REWARD: x["reward"], TERMINAL: terminated})
+    loss.fitted.fill_(True)
+    return loss, replay, slots
 
 
-def plain_vtbc_write_back(loss, replay, slots: torch.Tensor) -> None:
+def plain_vtbc(loss, replay, slots: torch.Tensor) -> torch.Tensor:
     """V-RACER eq. 8, V^tbc_t = V_t + min(1, rho_t) [r_{t+1} + gamma V^tbc_{t+1} - V_t], step by step over
-    each episode's stored values (Python floats), then written back into the replay."""
-    from tensordict import TensorDict
-
-    key = loss.tensor_keys.stored
-    value, rho, next_value = (replay.column((key, k), alive_only=False)[slots, 0].tolist() for k in ("value", "rho", "next_value"))
-    reward = replay.column(("next", "reward"), alive_only=False)[slots, 0].tolist()
-    terminated = replay.column(("next", "terminated"), alive_only=False)[slots, 0].tolist()
+    each episode's stored values (Python floats)."""
+    value, rho, next_value, reward, terminated = (
+        loss.stored.read(name, slots).tolist() for name in ("value", "rho", "next_value", "reward", "terminal")
+    )
     nxt = replay.next[slots].tolist()
     scale = float(loss.reward_scale) + loss.epsilon
     index = {s: i for i, s in enumerate(slots.tolist())}
@@ -281,26 +279,27 @@ def plain_vtbc_write_back(loss, replay, slots: torch.Tensor) -> None:
         if nxt[i] >= 0:
             after = vtbc[index[nxt[i]]]
         vtbc[i] = value[i] + min(1.0, rho[i]) * (reward[i] / scale + loss.gamma * after - value[i])
-    replay.update(slots, TensorDict({key: {"vtbc": torch.tensor(vtbc).unsqueeze(-1)}}, batch_size=[len(vtbc)]))
+    return torch.tensor(vtbc)
 
 
 def bench_vtbc(B: int, T: int, repeats: int) -> dict:
-    """The write-back of :meth:`VRACERLoss.retrace_episodes` over a whole replay (gathers, eq. 8 as V-trace
-    with rho_bar = c_bar = 1, scatter back) against :func:`plain_vtbc_write_back`."""
+    """V^tbc of every stored step from the loss's stored estimates (:meth:`VRACERLoss.estimates`, the eq. 8
+    segment tree built afresh each time, as after a collected batch) against :func:`plain_vtbc`."""
     loss, replay, slots = vtbc_replay(B, T)
-    stored = (loss.tensor_keys.stored, "vtbc")
-    # no "torch loop" column: the episodes lie end to end on one time axis (B * T rows), so the loop over t
-    # would be a Python loop over every stored step
-    fns = {"ours": lambda: loss.retrace_episodes(replay, slots)}
+
+    def ours() -> torch.Tensor:
+        loss._recursion = None  # rebuilt, as after each stored batch
+        return loss.estimates(replay, slots)[0]
+
+    fns = {"ours": ours}
     times = {k: [] for k in fns}
-    for fn in fns.values():  # warm-up (builds the replay's episode order once, as after each extend)
+    for fn in fns.values():  # warm-up
         fn()
     for _ in range(repeats):
         for k, fn in fns.items():
             times[k].append(timed(fn)[0])
-    ours_vtbc = replay.column(stored, alive_only=False).clone()
-    plain_s, _ = timed(lambda: plain_vtbc_write_back(loss, replay, slots))
-    diff = (replay.column(stored, alive_only=False) - ours_vtbc).abs().max().item()
+    plain_s, plain = timed(lambda: plain_vtbc(loss, replay, slots))
+    diff = (ours().reshape(-1) - plain).abs().max().item()
     row = dict(B=B, T=T, estimator="vtbc write-back")
     for k, ts in times.items():
         row[f"{k}_ms"] = 1e3 * statistics.median(ts)
@@ -432,10 +431,9 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
             "does on idle cores."
         )
     lines.append(
-        "- vtbc write-back rows: V-RACER's whole write-back over a replay of B episodes of T steps "
-        "(`VRACERLoss.retrace_episodes`: gathers from the replay, eq. 8 as V-trace with rho_bar = c_bar = 1, "
-        "scatter back) against a plain loop doing the same from Python floats; no TorchRL counterpart. "
-        "About 1 ms of fixed cost (gathers, TensorDicts) dominates tiny replays."
+        "- vtbc write-back rows: V-RACER's V^tbc of every stored step over a replay of B episodes of T steps "
+        "(`VRACERLoss.estimates` from the loss's stored estimates, its eq. 8 segment tree built afresh each time) "
+        "against a plain loop over the same stored values in Python floats; no TorchRL counterpart."
     )
     diffs = [r[k] for r in rows for k in ("diff_vs_plain", "diff_vs_torchrl") if r[k] != ""]
     worst = max(diffs)

@@ -6,8 +6,9 @@
 Agent i trains with ``optim.lr`` and ``laser.entropy_coeff`` scaled by the factors of
 :class:`acer_torchrl.shared_replay.SweepConfig` (9 agents cover the paper's 3 x 3 grid) and seed
 ``seed + i``; every other key configures all agents (``replay.capacity`` is the one shared replay's).
-``mode=local`` steps all agents in this process; ``mode=processes`` runs one process per agent, rank 0
-serving the replay over ``torch.distributed.rpc`` (the layout of a SLURM job with one task per agent, see
+``loss=vracer`` sweeps V-RACER agents instead (``optim.lr`` and seed only: V-RACER has no entropy cost;
+each agent keeps its own stored estimates of every shared step). ``mode=local`` steps all agents in this
+process; ``mode=processes`` runs one process per agent, rank 0 serving the replay over ``torch.distributed.rpc`` (the layout of a SLURM job with one task per agent, see
 :class:`acer_torchrl.shared_replay.SweepTask`). The sweep directory gets each agent's run directory
 (``agent<i>/``), ``metrics.csv`` with every agent's greedy return and the pointwise best,
 ``learning_curves.png`` and ``summary.json``.
@@ -32,8 +33,9 @@ def main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for agent in result["agents"]:
+        entropy = f", entropy {agent['entropy_coeff']:.3g}" if agent["entropy_coeff"] is not None else ""
         print(
-            f"agent {agent['agent']}: lr {agent['lr']:.3g}, entropy {agent['entropy_coeff']:.3g}: greedy return "
+            f"agent {agent['agent']}: lr {agent['lr']:.3g}{entropy}: greedy return "
             f"{agent['eval_return_mean']:.1f} after {agent['env_steps']} env steps"
         )
     print(

@@ -1,10 +1,10 @@
-"""The acting policy's sampler against torch's own distributions."""
+"""The acting policy's sampler against torch's own distributions; the Softsign activation against torch's."""
 
 import pytest
 import torch
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from acer_torchrl.modules import BehaviourSampler
+from acer_torchrl.modules import BehaviourSampler, Softsign
 
 
 def test_discrete_draws_are_categoricals_draws_with_their_log_prob():
@@ -50,3 +50,17 @@ def test_greedy_under_deterministic_exploration(kind):
     with set_exploration_type(ExplorationType.RANDOM):
         draws = torch.stack([BehaviourSampler(discrete=False)(loc, scale)[0] for _ in range(3)])
     assert not torch.allclose(draws[0], draws[1])  # random again outside the greedy context
+
+
+def test_softsign_values_and_gradient_are_torchs_and_the_derivative_of_x_over_1_plus_abs_x():
+    x = torch.cat([torch.randn(64, 8, dtype=torch.float64) * 3, torch.zeros(1, 8, dtype=torch.float64)])
+    x.requires_grad_(True)
+    grad_out = torch.randn_like(x)
+    ours = Softsign()(x)
+    (ours_grad,) = torch.autograd.grad(ours, x, grad_out)
+    reference = torch.nn.Softsign()(x)
+    (reference_grad,) = torch.autograd.grad(reference, x, grad_out)
+    torch.testing.assert_close(ours, reference, rtol=0, atol=0)
+    torch.testing.assert_close(ours_grad, reference_grad, rtol=1e-14, atol=0)
+    torch.testing.assert_close(ours_grad, grad_out / (1 + x.detach().abs()) ** 2, rtol=1e-14, atol=0)
+    assert torch.autograd.gradcheck(Softsign(), (x[:5, :3].detach().clone().requires_grad_(True),))

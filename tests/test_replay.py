@@ -9,6 +9,7 @@ from torchrl.modules import set_recurrent_mode
 
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import make_torso
+from acer_torchrl.objectives.stored_estimates import SlotEstimates
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows
 from planted import plant_pickle
 
@@ -223,14 +224,25 @@ def test_steps_with_selected_keys_equal_the_full_steps():
     assert torch.equal(steps["next", "reward"], full["next", "reward"])
 
 
-def test_update_writes_values_back_into_storage():
-    rb = EpisodeReplay(50, seed=0)
-    batch = make_rows([[(1, 0, 5, True)]])
-    batch["value"] = torch.zeros(1, 5, 1)
-    slots = rb.extend(batch)
-    rb.update(slots[1:3], TensorDict({"value": torch.tensor([[2.0], [3.0]])}, [2]))
-    assert rb.gather(slots)["value"].flatten().tolist() == [0, 2, 3, 0, 0]
-    assert rb.column("value").flatten().tolist() == [0, 2, 3, 0, 0]
+def test_slot_estimates_see_exactly_the_slots_written_since_their_last_look():
+    """A loss's per-slot estimates (V-RACER's) learn which steps are new from the replay's write counter: the
+    slots written since the last sync, round robin past the end, alive ones only; what it wrote elsewhere stays."""
+    rb = EpisodeReplay(10, seed=0)
+    est = SlotEstimates()
+    assert est.sync(rb).tolist() == [] and est.sync(rb) is None  # an empty replay, then nothing new
+    rb.extend(make_rows([[(1, 0, 6, True)]]))
+    new = est.sync(rb)
+    assert new.tolist() == [0, 1, 2, 3, 4, 5] and est.sync(rb) is None
+    est.write(new, value=torch.arange(6.0).unsqueeze(-1))
+    rb.extend(make_rows([[(2, 0, 3, False)]]))
+    assert est.sync(rb).tolist() == [6, 7, 8]
+    rb.extend(make_rows([[(2, 3, 4, True)]]))  # slots 9, 0, 1, 2: episode 1 (slots 0-5) is evicted whole
+    assert est.sync(rb).tolist() == [9, 0, 1, 2]
+    assert est.links.alive.tolist() == [True] * 3 + [False] * 3 + [True] * 4
+    assert est.read("value", torch.tensor([3, 4, 5])).tolist() == [3.0, 4.0, 5.0]  # written back, not re-synced
+    rb.extend(make_rows([[(4, 0, 5, True)]]))
+    rb.extend(make_rows([[(5, 0, 5, True)]]))  # a whole capacity written between two looks: every slot is new
+    assert est.sync(rb).tolist() == [3, 4, 5, 6, 7, 8, 9, 0, 1, 2]
 
 
 def lstm_torso():

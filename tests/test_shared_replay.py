@@ -21,6 +21,7 @@ from torchrl.modules import set_recurrent_mode
 from acer_torchrl.config import ConfigError, dump_yaml
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import make_torso
+from acer_torchrl.objectives.stored_estimates import EpisodeStore
 from acer_torchrl.replay import EpisodeReplay, Replay
 from acer_torchrl.shared_replay import (
     AGENT_KEY,
@@ -99,13 +100,19 @@ def test_both_replays_implement_the_declared_replay_protocol(cls):
     """Every method of :class:`Replay` exists with the same parameters (the trainer calls them by keyword
     too), and ``steps_missing`` is readable: a sweep agent's view is a drop-in for the run's own replay."""
     members = [name for name, value in vars(Replay).items() if callable(value) and not name.startswith("_")]
-    assert {"extend", "sample_sequences", "update", "column", "save", "load"} <= set(members)
+    assert {"extend", "sample_sequences", "sample_steps", "save", "load"} <= set(members)
     for name in [*members, "__len__"]:
         declared = list(inspect.signature(getattr(Replay, name)).parameters)
         assert list(inspect.signature(getattr(cls, name)).parameters) == declared, f"{cls.__name__}.{name}"
     assert "steps_missing" in Replay.__annotations__
+    # and what a loss keeping per-step estimates reads (V-RACER in a sweep)
+    for name in ("episode_links", "gather"):
+        declared = list(inspect.signature(getattr(EpisodeStore, name)).parameters)
+        assert list(inspect.signature(getattr(cls, name)).parameters) == declared, f"{cls.__name__}.{name}"
+    assert {"capacity", "steps_written"} <= set(EpisodeStore.__annotations__)
     replay = EpisodeReplay(8) if cls is EpisodeReplay else AgentReplay(SharedReplay(EpisodeReplay(8), 1), 0, 1, owner=True)
     assert replay.steps_missing == 0 and len(replay) == 0
+    assert replay.capacity == 8 and replay.steps_written == 0 and replay.episode_links()[0] == 0
 
 
 def test_agent_ids_and_behaviour_stats_survive_the_shared_replay():
@@ -267,6 +274,25 @@ def test_local_sweep_end_to_end(tmp_path):
     assert not (tmp_path / "agent1" / "checkpoint" / "replay" / "links.pt").exists()
     header = (tmp_path / "metrics.csv").read_text().splitlines()[0]
     assert "agent1_eval_return_mean" in header and "best_eval_return_mean" in header
+
+
+def test_local_vracer_sweep_end_to_end(tmp_path):
+    """V-RACER agents in a shared-replay sweep: each keeps its own estimates of everyone's steps (test_vracer.py
+    checks them); here the pipeline: both collect, both learn from both agents' data, lr differs, no entropy."""
+    result = run([
+        "agents=2", f"run_dir={tmp_path}", "loss=vracer", "preset=pendulum", "total_frames=256", "collector.workers=0",
+        "collector.frames_per_batch=64", "replay.min_size=64", "eval.interval=128", "eval.episodes=1",
+        "eval.max_steps=50", "log.checkpoint_interval=100000",
+    ])
+    assert [a["env_steps"] for a in result["agents"]] == [256, 256]
+    assert result["shared_replay"]["stored_steps_by_agent"] == [256, 256]
+    assert [(a["lr"], a["entropy_coeff"]) for a in result["agents"]] == [(0.5e-4, None), (1e-4, None)]
+    for agent in result["agents"]:
+        assert agent["updates"] > 0 and min(agent["replayed_share_by_agent"]) > 0, "learns from both agents' data"
+    with pytest.raises(ConfigError, match="sweep.entropy_factors scales LASER's entropy cost; loss=vracer has none"):
+        run(["agents=2", "loss=vracer", "sweep.entropy_factors=1", f"run_dir={tmp_path / 'x'}"])
+    with pytest.raises(ConfigError, match="loss=acer: a shared-replay sweep trains LASER or V-RACER agents"):
+        run(["agents=2", "loss=acer", f"run_dir={tmp_path / 'y'}"])
 
 
 @pytest.mark.slow

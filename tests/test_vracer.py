@@ -20,6 +20,7 @@ from acer_torchrl.objectives.refer import ReFER, gaussian_kl
 from acer_torchrl.algorithms.vracer import build
 from acer_torchrl.objectives.vracer import TruncatedGaussian
 from acer_torchrl.replay import EpisodeReplay
+from acer_torchrl.shared_replay import AgentReplay, SharedReplay
 
 OBS, ACT = 3, 2
 INFO = EnvInfo(
@@ -89,8 +90,9 @@ def perturb(module, seed, scale=0.3):
             p.add_(scale * torch.randn(p.shape, generator=g))
 
 
-def stored(replay, key):
-    return replay.column(("vracer", key), alive_only=False)
+def stored(agent, key):
+    """The loss's stored estimate ``key`` of every slot, ``[capacity, 1]``."""
+    return agent.loss.stored.columns[key].unsqueeze(-1)
 
 
 def episodes(replay):
@@ -102,13 +104,14 @@ def episodes(replay):
     return out
 
 
-def reference_estimates(replay, slots, reward_scale, eps=1e-7):
+def reference_estimates(agent, replay, slots, eps=1e-7):
     """Eq. 8 and Q^ret = r + gamma V^tbc_{t+1} from the episode's end, with the stored V and rho."""
-    value, rho = stored(replay, "value")[slots, 0].tolist(), stored(replay, "rho")[slots, 0].tolist()
+    reward_scale = float(agent.loss.reward_scale)
+    value, rho = stored(agent, "value")[slots, 0].tolist(), stored(agent, "rho")[slots, 0].tolist()
     reward = (replay.column(("next", "reward"), alive_only=False)[slots, 0] / (reward_scale + eps)).tolist()
     last = int(slots[-1])
     terminal = bool(replay.column(("next", "terminated"), alive_only=False)[last])
-    following = 0.0 if terminal else float(stored(replay, "next_value")[last])
+    following = 0.0 if terminal else float(stored(agent, "next_value")[last])
     v_tbc, q_ret = [0.0] * len(slots), [0.0] * len(slots)
     for t in reversed(range(len(slots))):
         q_ret[t] = reward[t] + GAMMA * following
@@ -120,7 +123,7 @@ def reference_estimates(replay, slots, reward_scale, eps=1e-7):
 def assert_estimates_follow_eq8(agent, replay):
     """Every alive step's V^tbc and Q^ret (what a sampled step trains on) against the loop from its episode's end."""
     for slots in episodes(replay):
-        v_tbc, q_ret = reference_estimates(replay, slots, float(agent.loss.reward_scale))
+        v_tbc, q_ret = reference_estimates(agent, replay, slots)
         got_v, got_q = agent.loss.estimates(replay, slots)
         torch.testing.assert_close(got_v[:, 0], v_tbc, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got_q[:, 0], q_ret, rtol=1e-5, atol=1e-5)
@@ -157,8 +160,10 @@ def test_truncated_gaussian_samples_inside_three_std_and_rho_of_fresh_data_is_on
 
     # acting (workers) and learning (loss) evaluate mu identically, actions in env units within the bounds
     agent = make_agent()
+    replay = EpisodeReplay(200, seed=0)
     batch = agent.loss.preprocess(collected(agent, BATCHES[0], seed=1))
-    torch.testing.assert_close(batch["vracer", "rho"], torch.ones(2, 9, 1))
+    agent.loss.after_extend(batch, replay.extend(batch), replay)
+    torch.testing.assert_close(stored(agent, "rho")[replay.alive], torch.ones(18, 1))
     center, half = torch.tensor([0.0, 0.5]), torch.tensor([2.0, 1.0])
     std = math.sqrt(0.2)  # App. A: Sigma = 0.2 I
     torch.testing.assert_close(batch["behaviour", "scale"], (std * half).expand(2, 9, 2))
@@ -176,7 +181,7 @@ def test_new_chunks_compute_eq8_over_whole_stored_episodes():
     assert_estimates_follow_eq8(agent, replay)
     # the first batch's values were recomputed with the fitted standardisation
     fresh = agent.loss._fresh_estimates(replay.gather(episodes(replay)[0]))
-    torch.testing.assert_close(stored(replay, "value")[episodes(replay)[0]], fresh["value"])
+    torch.testing.assert_close(stored(agent, "value")[episodes(replay)[0], 0], fresh["value"])
 
 
 def test_write_back_stores_fresh_v_rho_and_recomputes_eq8_for_earlier_steps():
@@ -192,15 +197,15 @@ def test_write_back_stores_fresh_v_rho_and_recomputes_eq8_for_earlier_steps():
         unit = (sigma + 1e-7) / (float(agent.loss.reward_scale) + 1e-7)  # stored values follow sigma_r
         assert (unit != 1.0) == (step == 1)
         slots = sample["slot"]
-        torch.testing.assert_close(stored(replay, "value")[slots], out["state_value"] * unit)
-        torch.testing.assert_close(stored(replay, "rho")[slots], out["rho"])
+        torch.testing.assert_close(stored(agent, "value")[slots], out["state_value"] * unit)
+        torch.testing.assert_close(stored(agent, "rho")[slots], out["rho"])
         # sampled last stored steps of episodes that did not terminate: their bootstrap V(s_{k+1}) is fresh
         # (a terminal step's is never read: eq. 8 bootstraps on 0 there)
         terminal = replay.column(("next", "terminated"), alive_only=False).reshape(-1)
         ends = slots[(replay.next[slots] < 0) & ~terminal[slots]]
         with torch.no_grad():
             v_next = agent.loss.network(replay.gather(ends)["next"].select("observation"))["state_value"]
-        torch.testing.assert_close(stored(replay, "next_value")[ends], v_next * unit)
+        torch.testing.assert_close(stored(agent, "next_value")[ends], v_next * unit)
         ends_seen += ends.numel()
         assert_estimates_follow_eq8(agent, replay)
     assert ends_seen > 0
@@ -215,6 +220,7 @@ def test_sampled_step_uses_stored_targets():
     sample = replay.sample_steps(16)
     sample["vracer", "vtbc"] = torch.randn(16, 1)
     sample["vracer", "qret"] = torch.randn(16, 1)
+    sample["vracer", "next_value"] = torch.randn(16, 1)  # V(s_{k+1}) to write back (before_update's)
     out = agent.loss(sample)
     value = out["state_value"]
     near = (out["rho"] > 1 / 5) & (out["rho"] < 5)
@@ -428,9 +434,9 @@ def test_beta_uses_the_far_fraction_of_the_whole_replay():
     alive = replay.alive.nonzero().squeeze(-1)
     far_rho = torch.ones(alive.numel(), 1)
     far_rho[::3] = 50.0  # a third of the replay is far-policy; sampled steps are near
-    replay.update(alive, TensorDict({("vracer", "rho"): far_rho}, [alive.numel()]))
+    agent.loss.stored.write(alive, rho=far_rho)
     sample, out = train_step(agent, replay, batch_size=4)
-    expected = (~((stored(replay, "rho")[alive] > 1 / 5) & (stored(replay, "rho")[alive] < 5))).float().mean()
+    expected = (~((stored(agent, "rho")[alive] > 1 / 5) & (stored(agent, "rho")[alive] < 5))).float().mean()
     assert float(agent.loss.refer.far_fraction) == pytest.approx(float(expected))
     assert float(expected) > 0.2 and float(out["far_batch"]) < 0.5
     t = int(agent.loss.refer.steps)
@@ -455,6 +461,35 @@ def test_eviction_never_leaves_half_an_episode_and_estimates_stay_consistent():
             assert replay.position[slots].tolist() == list(range(len(slots))), "half an episode is alive"
         assert_estimates_follow_eq8(agent, replay)
     assert replay.steps_written > 2 * replay.capacity
+
+
+# ----------------------------------------------------------------------------- shared replay (a sweep)
+
+
+def test_agents_sharing_a_replay_keep_their_own_estimates_of_every_step():
+    """Two agents take turns writing into one shared replay; each keeps its own network's V, rho and V(s_{k+1}) of
+    every stored step, whoever collected it, and its sampled targets follow eq. 8 over its own estimates."""
+    agents = [make_agent(n_start=10), make_agent(n_start=10)]
+    perturb(agents[1].loss.network, seed=9)
+    shared = SharedReplay(EpisodeReplay(200, seed=0), n_agents=2)
+    views = [AgentReplay(shared, i, 2, owner=i == 0) for i in range(2)]
+    for i, rows in enumerate(BATCHES):  # agent 0 collects batches 0 and 2, agent 1 batch 1
+        agent, view = agents[i % 2], views[i % 2]
+        batch = agent.loss.preprocess(collected(agent, rows, seed=i))
+        agent.loss.after_extend(batch, view.extend(batch), view)
+    replay = shared.replay
+    slots = replay.alive.nonzero().squeeze(-1)
+    for agent, view in zip(agents, views):
+        agent.loss.sync(view)  # agent 1 has not seen batch 2 yet
+        fresh = agent.loss._fresh_estimates(replay.gather(slots, agent.loss._estimate_keys()))
+        for name in ("value", "rho", "next_value"):
+            torch.testing.assert_close(stored(agent, name)[slots, 0], fresh[name])
+    assert (stored(agents[0], "value")[slots] - stored(agents[1], "value")[slots]).abs().min() > 1e-4
+    for step in range(2):
+        for agent, view in zip(agents, views):
+            perturb(agent.loss.network, seed=10 + step)
+            train_step(agent, view)
+            assert_estimates_follow_eq8(agent, replay)
 
 
 # ----------------------------------------------------------------------------- config and pipeline

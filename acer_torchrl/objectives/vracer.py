@@ -4,9 +4,10 @@
 preprocessing, Algorithms 1-3). One network outputs ``V(s)``, the Gaussian mean ``m(s)`` and a
 state-independent diagonal std; training samples single time steps from the replay:
 
-* **Stored estimates (sec. 2, Algorithm 3).** The replay keeps, for every step ``k``, the most recent
-  ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` (under the ``"vracer"`` columns, added to each collected batch by
-  :meth:`VRACERLoss.preprocess`). A sampled step's gradient uses ``V^tbc_k`` (value target, eq. 9) and
+* **Stored estimates (sec. 2, Algorithm 3).** For every stored step ``k`` the loss keeps the most recent
+  ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})``, indexed by the replay's slot (:class:`SlotEstimates`, beside the
+  replay rather than in it: each agent of a shared-replay sweep keeps its own); a step's are computed when
+  the loss first sees it in the replay. A sampled step's gradient uses ``V^tbc_k`` (value target, eq. 9) and
   ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 5-6 with ``Q := V``), eq. 8 run from its episode's last
   stored step over these stored values; its fresh ``V`` and ``rho`` (and ``V(s_{k+1})``, the bootstrap
   where it is its episode's last stored step) are written back (:meth:`VRACERLoss.after_update`). Terminal
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -50,9 +50,11 @@ from acer_torchrl.objectives.affine_tree import AffineSuffixTree
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, padding_mask
 from acer_torchrl.objectives.names import BEHAVIOUR, SLOT_KEY
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
+from acer_torchrl.objectives.stored_estimates import EpisodeLinks, EpisodeStore, SlotEstimates
 
-STORED = "vracer"  # root of the per-step estimates kept in the replay
+STORED = "vracer"  # root of a sampled batch's stored estimates (added by before_update)
 VALUE, RHO, NEXT_VALUE, VTBC, QRET = "value", "rho", "next_value", "vtbc", "qret"  # the last two: computed when sampled
+REWARD, TERMINAL = "reward", "terminal"  # a stored step's r_{k+1} and whether s_{k+1} is terminal (kept with them)
 _WRITTEN_BACK = {VALUE: "state_value", RHO: "rho", NEXT_VALUE: "next_state_value"}  # stored <- loss output
 
 
@@ -124,53 +126,22 @@ class TruncatedGaussian(D.Independent):
 # ---------------------------------------------------------------------------------------------- replay layout
 
 
-class EpisodeStore(Protocol):
-    """What V-RACER's hooks read and write in the replay (:class:`~acer_torchrl.replay.EpisodeReplay` is one):
-    per-slot episode links and the stored columns the eq. 8 estimates are computed from."""
-
-    capacity: int
-    steps_written: int  # steps ever written: changes whenever the replay is extended
-    alive: torch.Tensor  # bool [capacity]: the slot holds a sampleable step
-    episode: torch.Tensor  # int64 [capacity]: episode id of the slot
-    position: torch.Tensor  # int64 [capacity]: step index of the slot inside its episode
-    next: torch.Tensor  # int64 [capacity]: slot of the episode's next step, -1 at its last stored step
-
-    def alive_slots(self) -> torch.Tensor: ...
-
-    def gather(self, idx: torch.Tensor, keys: list[NestedKey] | None = None) -> TensorDictBase: ...
-
-    def column(self, key: NestedKey, alive_only: bool = True) -> torch.Tensor: ...
-
-    def update(self, slots: torch.Tensor, values: TensorDictBase) -> None: ...
-
-
-def _gather(replay: EpisodeStore, key: NestedKey, slots: torch.Tensor) -> torch.Tensor:
-    """The stored one-value-per-step ``key`` at ``slots`` (any shape), ``[*slots.shape, 1]``
-    (``index_select``: ~10x faster than advanced indexing on CPU)."""
-    values = replay.column(key, alive_only=False)
-    return values.reshape(values.shape[0], 1).index_select(0, slots.reshape(-1)).reshape(*slots.shape, 1)
-
-
 class EpisodeOrder:
-    """The alive slots of an :class:`EpisodeStore` sorted by (episode, position), and
-    each slot's index in that order (``rank``; -1 when not alive).
+    """The alive slots of a replay sorted by (episode, position), and each slot's index in that order
+    (``rank``; -1 when not alive), from its :class:`EpisodeLinks`.
 
     Every alive episode is stored whole from its first step (whole-episode eviction), so its steps are one
-    contiguous run of :attr:`slots`, in time order: a step's successor in its episode (``replay.next``) is
-    the next entry. Valid until the replay is extended (:attr:`steps_written`).
+    contiguous run of :attr:`slots`, in time order: a step's successor in its episode (``links.next``) is
+    the next entry.
     """
 
-    def __init__(self, replay: EpisodeStore):
-        self.replay = replay
-        self.steps_written = replay.steps_written
-        alive = replay.alive.nonzero().squeeze(-1)
-        key = replay.episode[alive] * replay.capacity + replay.position[alive]
+    def __init__(self, links: EpisodeLinks):
+        capacity = links.alive.shape[0]
+        alive = links.alive.nonzero().squeeze(-1)
+        key = links.episode[alive] * capacity + links.position[alive]
         self.slots = alive[key.argsort()]
-        self.rank = torch.full((replay.capacity,), -1, dtype=torch.long)
+        self.rank = torch.full((capacity,), -1, dtype=torch.long)
         self.rank[self.slots] = torch.arange(self.slots.numel())
-
-    def current(self, replay: EpisodeStore) -> bool:
-        return self.replay is replay and self.steps_written == replay.steps_written
 
 
 # ---------------------------------------------------------------------------------------------- loss
@@ -261,14 +232,24 @@ class VRACERLoss(ReplayLoss):
         self.register_buffer("fitted", torch.tensor(False))  # state/reward statistics fitted (Alg. 1)
         self.register_buffer("updates", torch.tensor(0, dtype=torch.long))  # gradient steps k
         self._pending_updates = 0.0  # gradient steps owed to the env steps collected (F, App. A)
-        self._recursion: tuple[EpisodeOrder, AffineSuffixTree] | None = None  # eq. 8 over the replay
+        self.stored = SlotEstimates()  # V, rho, V(s_{k+1}), r and terminal of every stored step, by slot
+        self._recursion: tuple[EpisodeOrder, AffineSuffixTree] | None = None  # eq. 8 over the stored steps
+        self._drawn: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None  # the last sample's eq. 8 terms
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         """No value estimator object: the V^tbc recursion runs on the replay's stored estimates."""
 
-    def _stored(self, name: str) -> NestedKey:
+    def _stored_key(self, name: str) -> NestedKey:
         root = self.tensor_keys.stored
         return (*root, name) if isinstance(root, tuple) else (root, name)
+
+    def get_extra_state(self) -> dict:
+        """The stored estimates (:class:`SlotEstimates`) go into the loss's checkpoint."""
+        return self.stored.state()
+
+    def set_extra_state(self, state: dict) -> None:
+        self.stored.load_state(state)
+        self._recursion = self._drawn = None
 
     @property
     def in_keys(self) -> list[NestedKey]:
@@ -310,19 +291,13 @@ class VRACERLoss(ReplayLoss):
         return out.get(self.tensor_keys.value)
 
     @torch.no_grad()
-    def _fresh_estimates(self, td: TensorDictBase) -> TensorDict:
-        """``V(s_k)``, ``rho_k``, ``V(s_{k+1})`` of the current network for the steps of ``td`` (on the CPU,
-        where the replay lives, whatever the learner's device)."""
+    def _fresh_estimates(self, td: TensorDictBase) -> dict[str, torch.Tensor]:
+        """``V(s_k)``, ``rho_k``, ``V(s_{k+1})`` of the current network for the steps of ``td``, each ``[*td.shape]``
+        on the CPU (beside the replay, whatever the learner's device)."""
         td = td.to(self.reward_scale.device)
         out, pi = self._evaluate(td)
-        return TensorDict(
-            {
-                VALUE: out.get(self.tensor_keys.value),
-                RHO: self._log_rho(td, pi).exp(),
-                NEXT_VALUE: self._next_value(td),
-            },
-            batch_size=td.shape,
-        ).cpu()
+        fresh = {VALUE: out.get(self.tensor_keys.value), RHO: self._log_rho(td, pi).exp(), NEXT_VALUE: self._next_value(td)}
+        return {name: value.reshape(td.shape).cpu() for name, value in fresh.items()}
 
     # ------------------------------------------------------------------ loss
     def forward(self, td: TensorDictBase) -> TensorDictBase:
@@ -333,7 +308,7 @@ class VRACERLoss(ReplayLoss):
         log_rho = self._log_rho(td, pi)
         near = self.refer.near_policy(log_rho.detach())  # Rule 1 (eq. 10)
         rho_near = self.refer.weight(log_rho, near)  # far-policy: 1; ReF-ER-2: min(rho, 10^3) (sec. 5.3)
-        v_tbc, q_ret = td[self._stored(VTBC)], td[self._stored(QRET)]  # added by before_update
+        v_tbc, q_ret = td[self._stored_key(VTBC)], td[self._stored_key(QRET)]  # added by before_update
         advantage = (q_ret - value).detach()
         loss_objective = self.refer.gate(-rho_near * advantage, near, mask)  # off-PG, eq. 5
         loss_critic = self.refer.gate(0.5 * (value - v_tbc).pow(2), near, mask)  # eq. 9
@@ -348,7 +323,7 @@ class VRACERLoss(ReplayLoss):
                 # per-step fresh estimates, written back by after_update (their means are logged)
                 "rho": log_rho.detach().exp(),
                 "state_value": value.detach(),
-                "next_state_value": td[self._stored(NEXT_VALUE)],  # fresh where eq. 8 reads it (before_update)
+                "next_state_value": td[self._stored_key(NEXT_VALUE)],  # fresh where eq. 8 reads it (before_update)
                 "kl": masked_mean(kl.detach(), mask),
                 "far_batch": masked_mean((~near).float(), mask),
                 "far_fraction": self.refer.far_fraction.clone(),
@@ -362,12 +337,10 @@ class VRACERLoss(ReplayLoss):
 
     # ------------------------------------------------------------------ trainer hooks
     def preprocess(self, batch: TensorDictBase) -> TensorDictBase:
-        """Adds the stored-value columns (``V``, ``rho``, ``V(s_{k+1})`` of the current network) and counts
-        env steps."""
+        """Counts the collected env steps (ReF-ER's annealing, the gradient steps they are owed)."""
         steps = batch.numel()
         self.refer.advance(steps)
         self._pending_updates += steps / self.steps_per_update
-        batch.set(self.tensor_keys.stored, self._fresh_estimates(batch))
         return batch
 
     def update_plan(self, rng: np.random.Generator) -> list[float]:
@@ -381,21 +354,48 @@ class VRACERLoss(ReplayLoss):
         return self.refer.lr_scale
 
     def after_extend(self, batch: TensorDictBase, slots: torch.Tensor, replay: EpisodeStore) -> None:
-        """Once ``n_start`` steps are stored, fit the state and reward statistics and recompute every
-        stored value (Algorithm 1). (``V^tbc`` of the new steps' episodes follows from the stored values
-        when their steps are sampled: :meth:`estimates`.)"""
-        if not bool(self.fitted) and len(replay) >= self.n_start:
+        """The new steps' estimates (:meth:`sync`); once ``n_start`` steps are stored, the state and reward
+        statistics are fitted and every stored value recomputed (Algorithm 1)."""
+        self.sync(replay)
+
+    def sync(self, replay: EpisodeStore) -> None:
+        """Estimates for the steps written into ``replay`` since the last look (the loss's own collected ones,
+        or, in a shared replay, anyone's): ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` of the current network (what
+        Algorithm 1 stores with a new step), with their reward and terminal flag."""
+        new = self.stored.sync(replay)
+        if new is None:
+            return
+        self._recursion = None  # episodes were added or evicted
+        if new.numel():
+            self._store_fresh(replay, new)
+        if not bool(self.fitted) and self.stored.links.alive.sum() >= self.n_start:
             self._fit(replay)
+
+    def _store_fresh(self, replay: EpisodeStore, slots: torch.Tensor) -> None:
+        keys = self.tensor_keys
+        steps = replay.gather(slots, [*self._estimate_keys(), ("next", keys.reward), ("next", keys.terminated)])
+        self.stored.write(
+            slots,
+            **self._fresh_estimates(steps),
+            **{REWARD: steps.get(("next", keys.reward)), TERMINAL: steps.get(("next", keys.terminated))},
+        )
+
+    def _estimate_keys(self) -> list[NestedKey]:
+        """What :meth:`_fresh_estimates` reads of a stored step."""
+        keys = self.tensor_keys
+        return [*self.network.in_keys, *[("next", k) for k in self.network.in_keys], keys.action, keys.behaviour_log_prob]
 
     def before_update(self, sample: TensorDictBase, replay: EpisodeStore) -> TensorDictBase:
         """Adds the sampled steps' ``V^tbc`` and ``Q^ret`` (:meth:`estimates`) and the ``V(s_{k+1})`` to write
         back (:meth:`_bootstrap_values`) under the stored root."""
+        self.sync(replay)  # in a shared replay, steps others wrote since this loss's last look
         slots = sample.get(SLOT_KEY).reshape(-1).cpu()
-        terms = self._eq8_terms(replay, slots)
-        v_tbc, q_ret = self._targets(replay, slots, terms)
+        terms = self._eq8_terms(slots)
+        v_tbc, q_ret = self._targets(slots, terms)
         next_value = self._bootstrap_values(replay, slots, terms)
+        self._drawn = slots, terms  # after_update's eq. 8 maps: these steps' terms with the written-back values
         for name, value in ((VTBC, v_tbc), (QRET, q_ret), (NEXT_VALUE, next_value)):
-            sample.set(self._stored(name), value.reshape(*sample.shape, 1).to(sample.device))
+            sample.set(self._stored_key(name), value.reshape(*sample.shape, 1).to(sample.device))
         return sample
 
     @torch.no_grad()
@@ -416,40 +416,41 @@ class VRACERLoss(ReplayLoss):
         """Algorithm 3's write-back, the ``sigma_r`` refresh (Algorithm 1) and ReF-ER's ``beta`` (eq. 12).
 
         The sampled steps get the fresh ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` of this update (the last
-        is used only at an episode's last stored step: the bootstrap of eq. 8 there)."""
+        is used only at an episode's last stored step: the bootstrap of eq. 8 there). (In a shared replay a
+        step may have been replaced since it was drawn: the next :meth:`sync` overwrites what is written here.)"""
         slots = sample.get(SLOT_KEY).reshape(-1).cpu()
-        fresh = TensorDict(
-            {name: output.get(out_key).reshape(-1, 1) for name, out_key in _WRITTEN_BACK.items()},
-            batch_size=[slots.numel()],
-        ).cpu()
-        keep = replay.alive[slots]
-        if not bool(keep.all()):  # a step evicted since it was drawn (a replay shared with other writers)
-            slots, fresh = slots[keep], fresh[keep]
-        replay.update(slots, self._as_stored(fresh))
-        if self._recursion is not None and self._recursion[0].current(replay):
+        fresh = {name: output.get(out_key).reshape(-1).cpu() for name, out_key in _WRITTEN_BACK.items()}
+        self.stored.write(slots, **fresh)
+        if self._recursion is not None:
             order, tree = self._recursion
-            tree.set(order.rank[slots], *self._eq8_maps(self._eq8_terms(replay, slots)))
+            tree.set(order.rank[slots], *self._eq8_maps(self._written_back_terms(slots)))
         self.updates += 1
         if int(self.updates) % self.reward_scale_interval == 0:
-            self._rescale_rewards(replay)
-        stored_rho = replay.column(self._stored(RHO), alive_only=False)  # no gather of the alive slots
-        self.refer.update_beta(stored_rho, replay.alive[: stored_rho.shape[0]])
+            self._rescale_rewards()
+        self.refer.update_beta(*self.stored.written(RHO))
 
-    # ------------------------------------------------------------------ replay estimates
-    def _as_stored(self, values: TensorDictBase) -> TensorDictBase:
-        return TensorDict({self.tensor_keys.stored: values}, batch_size=values.batch_size)
+    def _written_back_terms(self, slots: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Eq. 8's terms at ``slots`` once the update's estimates are written back: :meth:`before_update`'s (reward,
+        episode end, terminal: unchanged) with the stored ``V``, ``rho`` and ``V(s_{k+1})``."""
+        drawn_slots, drawn = self._drawn or (None, None)
+        if drawn_slots is None or (drawn_slots is not slots and not torch.equal(drawn_slots, slots)):
+            raise RuntimeError("VRACERLoss.after_update: the sample is not the one before_update prepared")
+        value, rho, next_value = (self.stored.read(name, slots).unsqueeze(-1) for name in (VALUE, RHO, NEXT_VALUE))
+        bootstrap = torch.where(drawn["terminal"], 0.0, next_value)
+        return {**drawn, "value": value, "rho_bar": rho.clamp(max=1.0), "next_value": next_value, "bootstrap": bootstrap}
 
-    def _eq8_terms(self, replay: EpisodeStore, slots: torch.Tensor) -> dict[str, torch.Tensor]:
+    # ------------------------------------------------------------------ stored estimates
+    def _eq8_terms(self, slots: torch.Tensor) -> dict[str, torch.Tensor]:
         """What eq. 8 reads at ``slots``, each ``[k, 1]``: the stored ``V`` and ``rhō = min(1, rho)``, the
         reward scaled by ``sigma_r`` (App. B), whether the step is its episode's last stored one, and the
         bootstrap there (0 when terminal, else the stored ``V(s_{k+1})``)."""
-        terminal = _gather(replay, ("next", self.tensor_keys.terminated), slots)
-        next_value = _gather(replay, self._stored(NEXT_VALUE), slots)
+        read = lambda name: self.stored.read(name, slots).unsqueeze(-1)  # noqa: E731
+        terminal, next_value = read(TERMINAL), read(NEXT_VALUE)
         return {
-            "value": _gather(replay, self._stored(VALUE), slots),
-            "rho_bar": _gather(replay, self._stored(RHO), slots).clamp(max=1.0),
-            "reward": _gather(replay, ("next", self.tensor_keys.reward), slots) / (float(self.reward_scale) + self.epsilon),
-            "last": (replay.next[slots] < 0).unsqueeze(-1),
+            "value": read(VALUE),
+            "rho_bar": read(RHO).clamp(max=1.0),
+            "reward": read(REWARD) / (float(self.reward_scale) + self.epsilon),
+            "last": (self.stored.links.next.index_select(0, slots) < 0).unsqueeze(-1),
             "terminal": terminal,
             "next_value": next_value,
             "bootstrap": torch.where(terminal, 0.0, next_value),
@@ -464,12 +465,12 @@ class VRACERLoss(ReplayLoss):
         b = (1.0 - rho_bar) * terms["value"] + rho_bar * q_end
         return a.squeeze(-1), b.squeeze(-1)
 
-    def _stored_recursion(self, replay: EpisodeStore) -> tuple[EpisodeOrder, AffineSuffixTree]:
-        """Eq. 8's maps of every alive step in episode order, in a segment tree; rebuilt when steps were added
+    def _stored_recursion(self) -> tuple[EpisodeOrder, AffineSuffixTree]:
+        """Eq. 8's maps of every stored step in episode order, in a segment tree; rebuilt when steps were added
         (or all stored values changed) since it was built, and kept current by :meth:`after_update`."""
-        if self._recursion is None or not self._recursion[0].current(replay):
-            order = EpisodeOrder(replay)
-            self._recursion = order, AffineSuffixTree(*self._eq8_maps(self._eq8_terms(replay, order.slots)))
+        if self._recursion is None:
+            order = EpisodeOrder(self.stored.links)
+            self._recursion = order, AffineSuffixTree(*self._eq8_maps(self._eq8_terms(order.slots)))
         return self._recursion
 
     @torch.no_grad()
@@ -483,11 +484,12 @@ class VRACERLoss(ReplayLoss):
         episode is written back. ``V^tbc_{k+1}`` is the suffix of the episode-ordered recursion
         (:class:`AffineSuffixTree`, the episode's last step cutting it), O(log n) per step instead of the
         O(episode) of a backward pass."""
-        return self._targets(replay, slots, self._eq8_terms(replay, slots))
+        self.sync(replay)
+        return self._targets(slots, self._eq8_terms(slots))
 
-    def _targets(self, replay: EpisodeStore, slots: torch.Tensor, terms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _targets(self, slots: torch.Tensor, terms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`estimates` from the eq. 8 terms of ``slots``."""
-        order, tree = self._stored_recursion(replay)
+        order, tree = self._stored_recursion()
         after = tree.suffix(order.rank[slots] + 1).to(terms["value"].dtype).unsqueeze(-1)  # V^tbc_{k+1}
         q_ret = terms["reward"] + self.gamma * torch.where(terms["last"], terms["bootstrap"], after)
         v_tbc = terms["value"] + terms["rho_bar"] * (q_ret - terms["value"])
@@ -497,24 +499,23 @@ class VRACERLoss(ReplayLoss):
     def _fit(self, replay: EpisodeStore) -> None:
         """Algorithm 1's preparation: state statistics (eq. 14-15) and ``sigma_r`` (eq. 16) from the stored
         steps, then every stored value recomputed with the standardised network."""
-        self.normalizer.fit(replay.column("observation").flatten(1).float())
-        self.reward_scale.copy_(self._reward_rms(replay))
-        slots = replay.alive_slots()
-        replay.update(slots, self._as_stored(self._fresh_estimates(replay.gather(slots))))
+        slots = self.stored.alive_slots()
+        steps = replay.gather(slots, self._estimate_keys())
+        self.normalizer.fit(steps.get("observation").flatten(1).float())
+        self.reward_scale.copy_(self._reward_rms())
+        self.stored.write(slots, **self._fresh_estimates(steps))
         self._recursion = None
         self.fitted.fill_(True)
 
-    def _reward_rms(self, replay: EpisodeStore) -> torch.Tensor:
+    def _reward_rms(self) -> torch.Tensor:
         """``sigma_r = sqrt(mean_t r_{t+1}^2)`` over the stored steps (eq. 16)."""
-        return replay.column(("next", self.tensor_keys.reward)).float().pow(2).mean().sqrt()
+        reward, alive = self.stored.written(REWARD)
+        return reward[alive].float().pow(2).mean().sqrt()
 
     @torch.no_grad()
-    def _rescale_rewards(self, replay: EpisodeStore) -> None:
+    def _rescale_rewards(self) -> None:
         """Recompute ``sigma_r`` (eq. 16) and convert the stored values to the new reward units."""
-        new = float(self._reward_rms(replay))
-        factor = (float(self.reward_scale) + self.epsilon) / (new + self.epsilon)
-        slots = replay.alive_slots()
-        values = {name: _gather(replay, self._stored(name), slots) * factor for name in (VALUE, NEXT_VALUE)}
-        replay.update(slots, self._as_stored(TensorDict(values, batch_size=[slots.numel()])))
+        new = float(self._reward_rms())
+        self.stored.scale((float(self.reward_scale) + self.epsilon) / (new + self.epsilon), VALUE, NEXT_VALUE)
         self.reward_scale.fill_(new)
         self._recursion = None

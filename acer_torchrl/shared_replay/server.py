@@ -13,6 +13,7 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
+from acer_torchrl.objectives.stored_estimates import EpisodeLinks
 from acer_torchrl.replay import SLOT_KEY, TRAJ_KEY, EpisodeReplay, refresh_from_prefix
 
 SAMPLED_FILE = "sampled_by_agent.json"  # an agent's replayed-step counts per source agent, in its checkpoint
@@ -65,13 +66,23 @@ class SharedReplay:
         with self.lock:
             return self.replay.recurrent_prefix(starts, hidden_keys)
 
-    def update(self, slots: torch.Tensor, values: TensorDictBase) -> None:
-        with self.lock:
-            self.replay.update(slots, values)
+    def capacity(self) -> int:
+        return self.replay.capacity
 
-    def column(self, key, alive_only: bool = True) -> torch.Tensor:
+    def written(self) -> int:
+        """Steps ever written (all agents)."""
         with self.lock:
-            return self.replay.column(key, alive_only).clone()
+            return self.replay.steps_written
+
+    def episode_links(self) -> tuple[int, EpisodeLinks]:
+        """The steps written so far and the episode links after them (copies: one consistent snapshot)."""
+        with self.lock:
+            written, links = self.replay.episode_links()
+            return written, EpisodeLinks(*(t.clone() for t in links))
+
+    def gather(self, idx: torch.Tensor, keys: list[NestedKey] | None = None) -> TensorDictBase:
+        with self.lock:
+            return self.replay.gather(idx, keys)
 
     def missing(self) -> int:
         """Env steps the agents' collectors dropped (:attr:`EpisodeReplay.steps_missing`, all agents)."""
@@ -98,7 +109,8 @@ class SharedReplay:
 # ---------------------------------------------------------------------------------------------- RPC
 _SERVED: SharedReplay | None = None  # the replay rank 0 serves
 _REMOTE_METHODS = frozenset(
-    {"extend", "size", "missing", "sample_sequences", "sample_steps", "recurrent_prefix", "update", "column", "agent_counts"}
+    {"extend", "size", "missing", "sample_sequences", "sample_steps", "recurrent_prefix", "capacity", "written",
+     "episode_links", "gather", "agent_counts"}
 )
 
 
@@ -182,11 +194,20 @@ class AgentReplay:
         for key in hidden_keys:
             sample.get(key)[:, 0] = 0.0
 
-    def update(self, slots: torch.Tensor, values: TensorDictBase) -> None:
-        self.shared.update(slots, values)
+    # what a loss keeping estimates per stored step reads (V-RACER: objectives.stored_estimates.EpisodeStore)
+    @property
+    def capacity(self) -> int:
+        return self.shared.capacity()
 
-    def column(self, key, alive_only: bool = True) -> torch.Tensor:
-        return self.shared.column(key, alive_only)
+    @property
+    def steps_written(self) -> int:
+        return self.shared.written()
+
+    def episode_links(self) -> tuple[int, EpisodeLinks]:
+        return self.shared.episode_links()
+
+    def gather(self, idx: torch.Tensor, keys: list[NestedKey] | None = None) -> TensorDictBase:
+        return self.shared.gather(idx, keys)
 
     def save(self, path: Path) -> None:
         """The shared replay (owner only) and this agent's ``sampled`` counts (every agent)."""

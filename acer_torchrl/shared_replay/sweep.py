@@ -1,6 +1,10 @@
 """The sweep driver (LASER sec. 5.1, 5.4): its keys (:class:`SweepConfig`), one config per agent, the agents'
 trainers stepped in one process (:func:`run_sweep`) or one process per agent around rank 0's replay server
-(:func:`run_sweep_rank`, :class:`SweepTask` under SLURM), and the sweep's results table and plot."""
+(:func:`run_sweep_rank`, :class:`SweepTask` under SLURM), and the sweep's results table and plot.
+
+The agents are LASER's (``loss=laser``, the default) or V-RACER's (``loss=vracer``): a V-RACER agent keeps its
+own stored estimates of every shared step beside the replay
+(:class:`~acer_torchrl.objectives.stored_estimates.SlotEstimates`)."""
 
 from __future__ import annotations
 
@@ -72,7 +76,8 @@ class SweepConfig:
 
     Agent ``i`` trains with ``optim.lr * lr_factors[a]`` and ``laser.entropy_coeff * entropy_factors[(a + d) % E]``
     with ``a = i % L``, ``d = i // L`` (the L x E grid walked diagonal by diagonal: 9 agents cover the paper's
-    3 x 3 grid of sec. 5.1, and the first few differ in both factors), and seed ``seed + i``.
+    3 x 3 grid of sec. 5.1, and the first few differ in both factors), and seed ``seed + i``. V-RACER has no
+    entropy cost: its agents differ in ``optim.lr`` and seed only.
     """
 
     agents: int = 3
@@ -115,6 +120,7 @@ def parse_sweep_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
 
 
 PER_AGENT_KEYS = ("optim.lr", "laser.entropy_coeff", "seed")  # agent i's: base x its grid factors, base seed + i
+SWEEP_LOSSES = {"laser": "LASER", "vracer": "V-RACER"}  # the losses whose agents can share one replay
 
 
 def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[Config]]:
@@ -134,19 +140,24 @@ def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[
         for i in range(sweep.agents):
             if not (sweep_dir / f"agent{i}" / "config.yaml").is_file():
                 raise ConfigError(f"resume={sweep_dir}: no agent{i}/config.yaml there (a sweep of {sweep.agents} agents?)")
-            cfgs.append(load_config("laser", [f"resume={sweep_dir / f'agent{i}'}", *rest]))
+            cfgs.append(load_config(None, [f"resume={sweep_dir / f'agent{i}'}", *rest]))  # the loss it was saved with
         return sweep_dir, cfgs
-    base = load_config("laser", overrides)
-    if base.loss != "laser":
-        raise ConfigError("a shared-replay sweep trains LASER agents: drop loss=")
+    loss = given.get("loss", "laser")
+    if loss not in SWEEP_LOSSES:
+        raise ConfigError(f"loss={loss}: a shared-replay sweep trains {' or '.join(SWEEP_LOSSES.values())} agents "
+                          f"(loss={'|'.join(SWEEP_LOSSES)})")
+    if loss != "laser" and sweep.entropy_factors != SweepConfig().entropy_factors:
+        raise ConfigError(f"sweep.entropy_factors scales LASER's entropy cost; loss={loss} has none (drop it)")
+    base = load_config(loss, overrides)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    sweep_dir = Path(base.run_dir or f"runs/laser-sweep-{base.env.name.replace('/', '_')}-s{base.seed}-{stamp}")
+    sweep_dir = Path(base.run_dir or f"runs/{loss}-sweep-{base.env.name.replace('/', '_')}-s{base.seed}-{stamp}")
     cfgs = []
     for i in range(sweep.agents):
         cfg = copy.deepcopy(base)
         lr_factor, ent_factor = sweep.factors(i)
         cfg.optim.lr = base.optim.lr * lr_factor
-        cfg.algo.entropy_coeff = base.algo.entropy_coeff * ent_factor
+        if loss == "laser":
+            cfg.algo.entropy_coeff = base.algo.entropy_coeff * ent_factor
         cfg.seed = base.seed + i
         cfg.run_dir = str(sweep_dir / f"agent{i}")
         cfg.log.progress = base.log.progress and i == 0  # lock-step agents: agent 0's bar is the sweep's
@@ -335,7 +346,7 @@ def write_sweep_results(
             {
                 "agent": i,
                 "lr": cfg.optim.lr,
-                "entropy_coeff": cfg.algo.entropy_coeff,
+                "entropy_coeff": getattr(cfg.algo, "entropy_coeff", None),  # LASER's
                 "seed": cfg.seed,
                 "eval_return_mean": summary["eval_return_mean"],
                 "env_steps": summary["env_steps"],
@@ -365,10 +376,10 @@ def _plot(curves: list[dict], table: list[dict], path: Path, cfgs: list[Config])
     fig, ax = new_plot((7, 4.5))
     for i, (curve, cfg) in enumerate(zip(curves, cfgs)):
         xs = sorted(curve)
-        label = f"agent {i}: lr {cfg.optim.lr:.2g}, entropy {cfg.algo.entropy_coeff:.2g}"
+        label = f"agent {i}: lr {cfg.optim.lr:.2g}" + (f", entropy {cfg.algo.entropy_coeff:.2g}" if cfg.loss == "laser" else "")
         ax.plot(xs, [curve[x] for x in xs], alpha=0.6, label=label)
     if table:
         ax.plot([r["env_steps"] for r in table], [r["best_eval_return_mean"] for r in table], "k--", lw=2,
                 label="best agent (pointwise)")
-    finish_plot(fig, ax, path, f"LASER shared-replay sweep on {cfgs[0].env.name}", "env steps (per agent)",
+    finish_plot(fig, ax, path, f"{SWEEP_LOSSES[cfgs[0].loss]} shared-replay sweep on {cfgs[0].env.name}", "env steps (per agent)",
                 "greedy return", legend_size=7)

@@ -1,0 +1,100 @@
+"""Per-step estimates a loss keeps for the steps of a replay it reads but does not own: V-RACER's stored
+``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` (Novati & Koumoutsakos 2019, sec. 2, Algorithm 3).
+
+They live with the loss, indexed by the replay's slots, not in the replay: each agent of a shared-replay sweep
+keeps its own network's estimates of every stored step, whoever collected it, and the replay stays the record
+of what was collected. The replay is written round robin (its ``w``-th step lands in slot ``w mod capacity``),
+so its write counter alone says which slots changed since the loss last looked (:meth:`SlotEstimates.sync`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+
+
+class EpisodeLinks(NamedTuple):
+    """How a replay's slots form episodes, all ``[capacity]``."""
+
+    alive: torch.Tensor  # bool: the slot holds a sampleable step
+    episode: torch.Tensor  # int64: episode id of the slot
+    position: torch.Tensor  # int64: step index of the slot inside its episode
+    next: torch.Tensor  # int64: slot of the episode's next step, -1 at its last stored step
+
+
+class EpisodeStore(Protocol):
+    """What a loss with stored estimates reads of a replay (:class:`~acer_torchrl.replay.EpisodeReplay` is
+    one, a sweep agent's view of the shared replay another): its size and write counter, its episode links
+    and its stored steps."""
+
+    capacity: int
+    steps_written: int  # steps ever written, round robin: step w went to slot w % capacity
+
+    def episode_links(self) -> tuple[int, EpisodeLinks]:
+        """``steps_written`` and the links after those writes, taken together (other writers may go on)."""
+        ...
+
+    def gather(self, idx: torch.Tensor, keys: list[NestedKey] | None = None) -> TensorDictBase: ...
+
+
+class SlotEstimates:
+    """Named one-value-per-slot columns for one replay and its episode links as of the last :meth:`sync`.
+
+    A column is allocated ``[capacity]`` at its first :meth:`write`, in the dtype written.
+    """
+
+    def __init__(self):
+        self.columns: dict[str, torch.Tensor] = {}
+        self.capacity = 0
+        self.synced = 0  # the replay's steps_written at the last sync
+        self.links: EpisodeLinks | None = None
+
+    def sync(self, replay: EpisodeStore) -> torch.Tensor | None:
+        """The alive slots written since the last sync (every alive slot the first time), ascending by write;
+        None when the replay has not been written since. Refreshes :attr:`links`."""
+        if self.links is not None and replay.steps_written == self.synced:
+            return None
+        if replay.capacity != self.capacity:  # a first look (or another replay): everything is new
+            self.columns, self.capacity, self.synced = {}, replay.capacity, 0
+        written, self.links = replay.episode_links()
+        slots = torch.arange(max(self.synced, written - self.capacity), written) % self.capacity
+        self.synced = written
+        return slots[self.links.alive[slots]]
+
+    def alive_slots(self) -> torch.Tensor:
+        return self.links.alive.nonzero().squeeze(-1)
+
+    def written(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Column ``name`` over the slots written so far and which of them are alive (no gather: for statistics
+        over the replay, the slots beyond are never alive)."""
+        n = min(self.synced, self.capacity)
+        return self.columns[name][:n], self.links.alive[:n]
+
+    def read(self, name: str, slots: torch.Tensor) -> torch.Tensor:
+        """``name`` at ``slots`` (any shape), ``[*slots.shape]`` (``index_select``: ~10x faster than advanced
+        indexing on CPU)."""
+        return self.columns[name].index_select(0, slots.reshape(-1)).reshape(slots.shape)
+
+    def write(self, slots: torch.Tensor, **values: torch.Tensor) -> None:
+        """``values[name]`` (``[*slots.shape]`` or ``[*slots.shape, 1]``) into column ``name`` at ``slots``."""
+        for name, value in values.items():
+            value = value.detach().reshape(-1).cpu()
+            if name not in self.columns:
+                self.columns[name] = torch.zeros(self.capacity, dtype=value.dtype)
+            self.columns[name][slots.reshape(-1)] = value.to(self.columns[name].dtype)
+
+    def scale(self, factor: float, *names: str) -> None:
+        for name in names:
+            self.columns[name].mul_(factor)
+
+    def state(self) -> dict:
+        """Checkpoint content (tensors and ints only): the columns and the write count they reflect."""
+        return {"capacity": self.capacity, "synced": self.synced, "columns": dict(self.columns)}
+
+    def load_state(self, state: dict) -> None:
+        self.capacity, self.synced = int(state["capacity"]), int(state["synced"])
+        self.columns = dict(state["columns"])
+        self.links = None  # read again at the next sync
