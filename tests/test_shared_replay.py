@@ -261,6 +261,12 @@ SMOKE = [
 ]
 
 
+VRACER_SMOKE = [
+    "loss=vracer", "preset=pendulum", "total_frames=256", "collector.workers=0", "collector.frames_per_batch=64",
+    "replay.min_size=64", "eval.interval=128", "eval.episodes=1", "eval.max_steps=50", "log.checkpoint_interval=100000",
+]
+
+
 def test_local_sweep_end_to_end(tmp_path):
     result = run(["agents=2", f"run_dir={tmp_path}", *SMOKE])
     assert [a["env_steps"] for a in result["agents"]] == [256, 256]
@@ -279,11 +285,7 @@ def test_local_sweep_end_to_end(tmp_path):
 def test_local_vracer_sweep_end_to_end(tmp_path):
     """V-RACER agents in a shared-replay sweep: each keeps its own estimates of everyone's steps (test_vracer.py
     checks them); here the pipeline: both collect, both learn from both agents' data, lr differs, no entropy."""
-    result = run([
-        "agents=2", f"run_dir={tmp_path}", "loss=vracer", "preset=pendulum", "total_frames=256", "collector.workers=0",
-        "collector.frames_per_batch=64", "replay.min_size=64", "eval.interval=128", "eval.episodes=1",
-        "eval.max_steps=50", "log.checkpoint_interval=100000",
-    ])
+    result = run(["agents=2", f"run_dir={tmp_path}", *VRACER_SMOKE])
     assert [a["env_steps"] for a in result["agents"]] == [256, 256]
     assert result["shared_replay"]["stored_steps_by_agent"] == [256, 256]
     assert [(a["lr"], a["entropy_coeff"]) for a in result["agents"]] == [(0.5e-4, None), (1e-4, None)]
@@ -296,9 +298,11 @@ def test_local_vracer_sweep_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_process_sweep_end_to_end(tmp_path):
+@pytest.mark.parametrize("smoke", [SMOKE, VRACER_SMOKE], ids=["laser", "vracer"])
+def test_process_sweep_end_to_end(tmp_path, smoke):
+    """One process per agent: V-RACER's agents read the episode links and steps of rank 0's replay over RPC."""
     port = _free_port()
-    result = run(["agents=2", "mode=processes", f"sweep.port={port}", f"run_dir={tmp_path}", *SMOKE])
+    result = run(["agents=2", "mode=processes", f"sweep.port={port}", f"run_dir={tmp_path}", *smoke])
     assert [a["env_steps"] for a in result["agents"]] == [256, 256]
     assert result["shared_replay"]["stored_steps_by_agent"] == [256, 256]
     for agent in result["agents"]:
