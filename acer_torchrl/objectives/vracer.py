@@ -435,26 +435,27 @@ class VRACERLoss(ReplayLoss):
         drawn_slots, drawn = self._drawn or (None, None)
         if drawn_slots is None or (drawn_slots is not slots and not torch.equal(drawn_slots, slots)):
             raise RuntimeError("VRACERLoss.after_update: the sample is not the one before_update prepared")
-        value, rho, next_value = (self.stored.read(name, slots).unsqueeze(-1) for name in (VALUE, RHO, NEXT_VALUE))
-        bootstrap = torch.where(drawn["terminal"], 0.0, next_value)
-        return {**drawn, "value": value, "rho_bar": rho.clamp(max=1.0), "next_value": next_value, "bootstrap": bootstrap}
+        return {**drawn, **self._written_terms(slots, drawn["terminal"])}
 
     # ------------------------------------------------------------------ stored estimates
     def _eq8_terms(self, slots: torch.Tensor) -> dict[str, torch.Tensor]:
         """What eq. 8 reads at ``slots``, each ``[k, 1]``: the stored ``V`` and ``rhō = min(1, rho)``, the
         reward scaled by ``sigma_r`` (App. B), whether the step is its episode's last stored one, and the
         bootstrap there (0 when terminal, else the stored ``V(s_{k+1})``)."""
-        read = lambda name: self.stored.read(name, slots).unsqueeze(-1)  # noqa: E731
-        terminal, next_value = read(TERMINAL), read(NEXT_VALUE)
+        terminal = self.stored.read(TERMINAL, slots).unsqueeze(-1)
         return {
-            "value": read(VALUE),
-            "rho_bar": read(RHO).clamp(max=1.0),
-            "reward": read(REWARD) / (float(self.reward_scale) + self.epsilon),
+            "reward": self.stored.read(REWARD, slots).unsqueeze(-1) / (float(self.reward_scale) + self.epsilon),
             "last": (self.stored.links.next.index_select(0, slots) < 0).unsqueeze(-1),
             "terminal": terminal,
-            "next_value": next_value,
-            "bootstrap": torch.where(terminal, 0.0, next_value),
+            **self._written_terms(slots, terminal),
         }
+
+    def _written_terms(self, slots: torch.Tensor, terminal: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The terms of :meth:`_eq8_terms` that the write-back changes: the stored ``V``, ``rhō`` and ``V(s_{k+1})``,
+        and the bootstrap (0 where ``terminal``)."""
+        value, rho, next_value = (self.stored.read(name, slots).unsqueeze(-1) for name in (VALUE, RHO, NEXT_VALUE))
+        bootstrap = torch.where(terminal, 0.0, next_value)
+        return {"value": value, "rho_bar": rho.clamp(max=1.0), "next_value": next_value, "bootstrap": bootstrap}
 
     def _eq8_maps(self, terms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Eq. 8 as ``V^tbc_t = a_t V^tbc_{t+1} + b_t``: ``a_t = gamma rhō_t``, ``b_t = (1 - rhō_t) V_t +
