@@ -95,6 +95,12 @@ def learner_threads(cfg: Config, remote_collection: bool = False) -> int:
     return cfg.threads or max(1, available_cores() - (0 if remote_collection else cfg.collector.workers))
 
 
+def _listed(names: list[str], most: int = 4) -> str:
+    """``a, b, c`` (or ``none``), the first ``most`` names and how many more."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more if names else "none"
+
+
 def default_run_dir(cfg: Config) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{cfg.loss}-{cfg.env.name.replace('/', '_')}-s{cfg.seed}-{stamp}"
@@ -161,7 +167,9 @@ class Trainer:
     def _resume(self) -> None:
         state, counters = load_checkpoint(self.run_dir, self.replay)
         try:
-            self.loss.load_state_dict(state["loss"])
+            keys = self.loss.load_state_dict(state["loss"], strict=False)
+            if keys.missing_keys or keys.unexpected_keys:
+                raise RuntimeError(f"missing {_listed(keys.missing_keys)}, unexpected {_listed(keys.unexpected_keys)}")
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(

@@ -24,7 +24,7 @@ from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm
 from acer_torchrl.cli import run
 from acer_torchrl.config import ConfigError
-from acer_torchrl.checkpoint import CheckpointError
+from acer_torchrl.checkpoint import CheckpointError, write_manifest
 from acer_torchrl.modules import acting_policy, learning_module, make_torso
 from acer_torchrl.objectives.common import policy_distribution
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask
@@ -196,6 +196,20 @@ def test_corrupt_checkpoint_is_one_clear_error(tmp_path, probe_registered):
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
     (tmp_path / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="is corrupt: state.pt holds 16 bytes") as err:
+        run("probe", [f"resume={tmp_path}", "total_frames=128"])
+    assert "\n" not in str(err.value)
+
+
+def test_checkpoint_of_another_loss_layout_names_the_keys(tmp_path, probe_registered):
+    run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
+    path = tmp_path / "checkpoint" / "state.pt"
+    state = torch.load(path, weights_only=True)
+    state["loss"]["average_network.weight"] = torch.zeros(1)
+    dropped = next(iter(state["loss"]))
+    del state["loss"][dropped]
+    torch.save(state, path)
+    write_manifest(path.parent)  # the checkpoint is whole, only its layout is another
+    with pytest.raises(CheckpointError, match=f"does not match .*missing {dropped}, unexpected average_network.weight") as err:
         run("probe", [f"resume={tmp_path}", "total_frames=128"])
     assert "\n" not in str(err.value)
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from acer_torchrl.checkpoint import write_manifest
 from acer_torchrl.cli import run
 from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.envs import EnvInfo
@@ -527,6 +528,15 @@ def test_pipeline_anneals_lr_logs_refer_and_checkpoints_learner_state(tmp_path):
     assert float(loss_state["reward_scale"]) > 0.5
     assert float(loss_state["normalizer.scale"].min()) > 0.0  # fitted state statistics, checkpointed
     assert optim_state["param_groups"][0]["lr"] == pytest.approx(1e-4 / (1 + 1e-3 * 300))  # eq. 13
+    assert set(loss_state["_extra_state"]["columns"]) >= {"value", "rho", "next_value", "reward", "terminal"}
+
+    # a checkpoint written before the stored estimates moved into the loss (no _extra_state) resumes: they are
+    # recomputed for every stored step with the checkpointed network
+    del loss_state["_extra_state"]
+    torch.save(state, tmp_path / "checkpoint" / "state.pt")
+    write_manifest(tmp_path / "checkpoint")
+    resumed = run("vracer", [f"resume={tmp_path}", "total_frames=400"])
+    assert resumed["updates"] == 250 and resumed["restarts"] == 1
 
 
 @pytest.mark.slow

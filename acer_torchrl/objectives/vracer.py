@@ -247,9 +247,18 @@ class VRACERLoss(ReplayLoss):
         """The stored estimates (:class:`SlotEstimates`) go into the loss's checkpoint."""
         return self.stored.state()
 
-    def set_extra_state(self, state: dict) -> None:
-        self.stored.load_state(state)
+    def set_extra_state(self, state: dict | None) -> None:
+        """``None``: a checkpoint without stored estimates (written before they moved into the loss); they are
+        recomputed with the current network for every stored step at the next :meth:`sync`, as Algorithm 1
+        recomputes them after fitting."""
+        self.stored = SlotEstimates()
+        if state is not None:
+            self.stored.load_state(state)
         self._recursion = self._drawn = None
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
+        state_dict.setdefault(f"{prefix}_extra_state", None)  # see set_extra_state
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def in_keys(self) -> list[NestedKey]:
