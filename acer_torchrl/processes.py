@@ -1,8 +1,11 @@
 """Signals in the learner's helper processes (collector workers, the evaluation process).
 
-Ctrl-C reaches every process of the terminal's foreground group, and SLURM signals every process of a job on
+Ctrl-C reaches every process of the terminal's foreground group, ``kill -- -PGID`` (a process manager, a
+shell's job control) sends SIGTERM to every process of a run, and SLURM signals every process of a job on
 requeue / preemption (SIGTERM, SIGUSR2). Those are meant for the learner alone: it checkpoints (submitit's
-requeue under SLURM) and then shuts its helpers down itself; SIGKILL still ends them.
+requeue under SLURM) and then shuts its helpers down itself. A helper that took SIGTERM would die before the
+learner's batch is done, and the learner would wait for its weight-push acknowledgement for ever. SIGKILL still
+ends them, and a helper whose learner is gone exits on its own (its pipe closes).
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import threading
 
 
 def learner_signals() -> list[signal.Signals]:
-    """The signals the learner handles: SIGINT, and under SLURM its requeue / preemption signals."""
-    return [signal.SIGINT] + ([signal.SIGTERM, signal.SIGUSR2] if "SLURM_JOB_ID" in os.environ else [])
+    """The signals the learner handles: SIGINT, SIGTERM, and under SLURM submitit's requeue signal."""
+    return [signal.SIGINT, signal.SIGTERM] + ([signal.SIGUSR2] if "SLURM_JOB_ID" in os.environ else [])
 
 
 def ignore_learner_signals() -> None:
