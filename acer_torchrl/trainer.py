@@ -259,7 +259,7 @@ class Trainer:
             )
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
+        grad_norm = self.clip_gradients()
         for group in self.optimizer.param_groups:  # the run's schedule x the loss's own annealing (ReF-ER eq. 13)
             group["lr"] = self.cfg.optim.lr * self.lr_schedule() * self.loss.lr_scale()
         self.optimizer.step()
@@ -274,6 +274,13 @@ class Trainer:
         stats = dict(zip([*names, "grad_norm"], torch.stack([*means, grad_norm.detach()]).float().tolist()))  # one sync
         self.watch_health(stats)
         return stats
+
+    def clip_gradients(self) -> torch.Tensor:
+        """Clip the gradients' global norm at ``optim.max_grad_norm``; returns the norm before clipping (logged).
+        With ``inf`` (no clipping) only the norm is computed, not a rescaling by 1 of every gradient."""
+        if math.isinf(self.cfg.optim.max_grad_norm):
+            return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        return torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
 
     def fill_replay(self, steps: int, batches: Iterator[TensorDictBase] | None = None) -> None:
         """Store collected batches until the replay holds at least ``steps`` env steps, taking no update: a filled

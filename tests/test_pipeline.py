@@ -4,6 +4,7 @@ corrupt checkpoints and bad input ending with one clear line."""
 
 import csv
 import json
+import math
 import os
 import re
 import signal
@@ -190,6 +191,24 @@ def test_signal_checkpoints_and_says_how_to_resume_in_one_line(tmp_path, sig):
         f"interrupted at {steps} env steps; continue with: python recipes/acer.py resume={tmp_path}"
     )
     assert 64 <= steps < 100000 and not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize("max_norm", [0.5, math.inf])
+def test_gradients_clipped_at_max_grad_norm_and_the_norm_before_clipping_returned(tmp_path, probe_registered, max_norm):
+    from acer_torchrl.config import load_config
+    from acer_torchrl.trainer import Trainer
+
+    trainer = Trainer(load_config("probe", [f"run_dir={tmp_path}", f"optim.max_grad_norm={max_norm}", *FAST]))
+    g = torch.Generator().manual_seed(0)
+    for p in trainer.params:
+        p.grad = torch.randn(p.shape, generator=g)
+    before = [p.grad.clone() for p in trainer.params]
+    norm = torch.cat([b.reshape(-1) for b in before]).norm()
+    torch.testing.assert_close(trainer.clip_gradients(), norm)
+    factor = min(1.0, max_norm / float(norm))
+    for p, b in zip(trainer.params, before):
+        torch.testing.assert_close(p.grad, b * factor)
+    assert factor < 1.0 or max_norm == math.inf
 
 
 def test_progress_bar_names_the_evaluation_that_follows_its_100_percent(tmp_path, probe_registered, capsys):

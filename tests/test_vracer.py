@@ -282,30 +282,48 @@ def test_rule1_zeroes_exactly_the_far_policy_gradients():
     assert (grad_kl[:4].abs().sum(-1) > 0).all()
 
 
-def test_rule2_gradient_is_autograd_of_kl_mu_pi():
+@pytest.mark.parametrize("beta", [0.7, 0.0])
+def test_gradient_of_every_parameter_is_autograd_of_the_paper_terms(beta):
+    """The loss's written-out gradients (``_ReFERTerms``: V, mean and the state-independent std) against autograd
+    of eq. 5, 9 and 11 written step by step, Rule 1 by a loop over the steps, on every parameter (the std's
+    included, which no observation gradient reaches), with far-policy rows, 0 < beta < 1 (eq. 10) and beta = 0
+    (Rule 2's penalty alone)."""
     agent = make_agent(n_start=10)
     replay = EpisodeReplay(200, seed=0)
     fill(agent, replay)
-    perturb(agent.loss.network, seed=7, scale=0.1)
+    perturb(agent.loss.network, seed=11, scale=0.1)
     sample = far_policy_sample(agent, replay)
     loss = agent.loss
-    loss.refer.beta.fill_(0.0)  # only the penalty is left
+    loss.refer.beta.fill_(beta)
     params = [p for p in loss.parameters() if p.requires_grad]
     out = loss(sample)
-    total = sum(v for k, v in out.items() if k.startswith("loss_"))
-    grads = torch.autograd.grad(total, params, allow_unused=True)
+    grads = torch.autograd.grad(sum(v for k, v in out.items() if k.startswith("loss_")), params, allow_unused=True)
 
     net_out = loss.network(sample.select("observation"))
+    value, loc, scale = net_out["state_value"], net_out["loc"], net_out["scale"]
+    pi = torch.distributions.Normal(loc, scale)
+    log_pi = pi.log_prob(sample["action"]).sum(-1) - 2 * math.log(math.erf(3 / math.sqrt(2)))  # App. A truncation
     mu = torch.distributions.Normal(sample["behaviour", "loc"], sample["behaviour", "scale"])
-    pi = torch.distributions.Normal(net_out["loc"], net_out["scale"])
-    kl = torch.distributions.kl_divergence(mu, pi).sum(-1).mean()  # eq. 11
-    ref = torch.autograd.grad(kl, params, allow_unused=True)
-    for g, r in zip(grads, ref):
-        if r is None:
-            assert g is None or (g == 0).all()
+    kl = torch.distributions.kl_divergence(mu, pi).sum(-1)
+    c_max, terms, far = loss.refer.c_max, [], 0
+    for k in range(16):
+        term = (1 - beta) * kl[k]  # Rule 2 on every step (eq. 10-11)
+        rho = (log_pi[k] - sample["behaviour", "log_prob"][k]).exp()  # row 1's overflows: no term, no NaN
+        if 1 / c_max < float(rho.detach()) < c_max:  # Rule 1: far-policy steps give no eq. 5 / eq. 9 gradient
+            off_pg = -rho * float(sample["vracer", "qret"][k] - value[k].detach())  # eq. 5, advantage constant
+            term = term + beta * (off_pg + 0.5 * (value[k] - sample["vracer", "vtbc"][k]).pow(2).sum())  # eq. 9
         else:
+            far += 1
+        terms.append(term)
+    ref = torch.autograd.grad(torch.stack(terms).sum() / 16, params, allow_unused=True)
+    assert far == 4
+    for g, r in zip(grads, ref):
+        assert (g is None) == (r is None)
+        if r is not None:
             torch.testing.assert_close(g, r)
-    assert any(r is not None and r.abs().sum() > 0 for r in ref)
+    names = [name for name, p in loss.named_parameters() if p.requires_grad]
+    std = next(i for i, name in enumerate(names) if name.endswith("raw_std"))  # reached through sigma alone
+    assert grads[std].abs().sum() > 0
 
 
 def test_gaussian_kl_closed_form():

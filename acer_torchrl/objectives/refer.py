@@ -101,21 +101,24 @@ class ReFER(nn.Module):
             return torch.ones_like(log_rho, dtype=torch.bool)
         return log_rho.abs() < math.log(self.c_max)
 
-    def weight(self, log_rho: Tensor, near: Tensor) -> Tensor:
-        """The importance weight ``rho_t`` entering the per-step objective (e.g. V-RACER's off-PG, eq. 5).
+    def weight(self, log_rho: Tensor, near: Tensor) -> tuple[Tensor, Tensor]:
+        """The importance weight ``rho_t`` entering the per-step objective (e.g. V-RACER's off-PG, eq. 5), and its
+        derivative ``d rho_t / d log rho_t`` (the chain rule's factor towards the policy's log-density).
 
-        Far-policy steps (``near`` False) get 1 before ``exp``: :meth:`gate` drops their gradient, which thus
-        stays finite. With Rule 2 but not Rule 1 (ReF-ER-2), ``rho_t <- min(rho_t, 10^3)`` as in sec. 5.3
-        ("the results of ReF-ER-2 are obtained by clipping all importance weights"), clipped in log space so
-        that it cannot overflow; a clipped step has no gradient through ``rho``. The other uses of ``rho``
-        (``min(1, rho)`` in V^tbc, eq. 8; ``rho >= c_max`` in eq. 12, ``c_max <= 1 + C``) do not change under
-        the clip while ``C < 999``, so the ``rho`` stored in the replay is not clipped. Plain ER (both rules
-        off) is left unbounded: the paper states the clip for ReF-ER-2 only.
+        Far-policy steps (``near`` False) get 1 before ``exp`` and slope 0: :meth:`gate` drops their gradient,
+        which thus stays finite. With Rule 2 but not Rule 1 (ReF-ER-2), ``rho_t <- min(rho_t, 10^3)`` as in
+        sec. 5.3 ("the results of ReF-ER-2 are obtained by clipping all importance weights"), clipped in log
+        space so that it cannot overflow; a clipped step has slope 0. The other uses of ``rho`` (``min(1, rho)``
+        in V^tbc, eq. 8; ``rho >= c_max`` in eq. 12, ``c_max <= 1 + C``) do not change under the clip while
+        ``C < 999``, so the ``rho`` stored in the replay is not clipped. Plain ER (both rules off) is left
+        unbounded: the paper states the clip for ReF-ER-2 only.
         """
-        log_rho = torch.where(near, log_rho, torch.zeros_like(log_rho))
+        follows = near
         if self.rule2 and not self.rule1:
+            follows = near & (log_rho < math.log(RHO_CLIP_RULE2_ONLY))
             log_rho = log_rho.clamp_max(math.log(RHO_CLIP_RULE2_ONLY))
-        return log_rho.exp()
+        rho = torch.where(near, log_rho, torch.zeros_like(log_rho)).exp()
+        return rho, torch.where(follows, rho, torch.zeros_like(rho))
 
     def far_share(self, rho: Tensor, where: Tensor | None = None) -> Tensor:
         """Fraction of far-policy weights among ``rho`` (any shape), or among those where ``where`` (bool, as many

@@ -84,6 +84,21 @@ class Standardize(nn.Module):
         return (obs - self.loc) / (self.scale + self.eps)
 
 
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def truncation_log_z(width: float) -> float:
+    """``log Z``, ``Z = erf(width / sqrt 2)``: the mass of a normal within ``width`` std of its mean."""
+    return math.log(math.erf(width / math.sqrt(2.0)))
+
+
+def truncated_normal_log_prob(action: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, log_z: float) -> torch.Tensor:
+    """``log N(a; m, s) - d log Z`` summed over the last (action) dim, ``[*]``: the density of :class:`TruncatedGaussian`
+    inside its support, ``sum_i [-z_i^2 / 2 - log s_i - log sqrt(2 pi)] - d log Z`` with ``z = (a - m) / s``."""
+    z = (action - loc) / scale
+    return (-0.5 * z.pow(2) - scale.log()).sum(-1) - action.shape[-1] * (_LOG_SQRT_2PI + log_z)
+
+
 class TruncatedGaussian(D.Independent):
     """Diagonal normal truncated at ``width`` std from its mean in every component (App. A).
 
@@ -98,7 +113,7 @@ class TruncatedGaussian(D.Independent):
     def __init__(self, loc: torch.Tensor, scale: torch.Tensor, width: float = 3.0):
         super().__init__(D.Normal(loc, scale, validate_args=False), 1, validate_args=False)
         self.width = width
-        self._log_z = math.log(math.erf(width / math.sqrt(2.0)))
+        self._log_z = truncation_log_z(width)
 
     def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
         base = self.base_dist
@@ -112,7 +127,7 @@ class TruncatedGaussian(D.Independent):
             return self.rsample(sample_shape)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        return super().log_prob(value) - self.event_shape[0] * self._log_z
+        return truncated_normal_log_prob(value, self.base_dist.loc, self.base_dist.scale, self._log_z)
 
     @property
     def deterministic_sample(self) -> torch.Tensor:
@@ -121,6 +136,62 @@ class TruncatedGaussian(D.Independent):
     @property
     def mean(self) -> torch.Tensor:
         return self.base_dist.loc
+
+
+# ---------------------------------------------------------------------------------------------- loss terms
+
+
+class _ReFERTerms(torch.autograd.Function):
+    """V-RACER's three loss terms under ReF-ER as one autograd node: the values of :class:`VRACERLoss`'s
+    docstring, and their gradients w.r.t. the network's outputs ``V``, ``m`` and ``sigma`` written out, as
+    Algorithm 3 writes ``g^ReF-ER`` (autograd through the ~30 small tensor ops of the Gaussian log-density,
+    the weights, the gating and the KL cost more than the network's own backward at batch 256).
+
+    Per step (``z = (a - m) / sigma``, ``A = Q^ret - V`` not differentiated, eq. 5; ``s_k`` the batch mean's
+    weight, ``1/B`` or the padding mask's):
+
+    * off-PG, eq. 5: ``d/d log rho [-rho A] = -rho A`` (0 where far-policy or clipped: :meth:`ReFER.weight`),
+      ``d log rho / d m = z / sigma``, ``d log rho / d sigma = (z^2 - 1) / sigma`` (the truncation constant
+      does not depend on ``m`` or ``sigma``);
+    * value, eq. 9: ``d/dV [(V - V^tbc)^2 / 2] = V - V^tbc`` (0 where far-policy);
+    * Rule 2, eq. 11: ``d D_KL(mu || pi) / d m = (m - m_mu) / sigma^2``,
+      ``d D_KL / d sigma = 1 / sigma - (sigma_mu^2 + (m - m_mu)^2) / sigma^3``;
+
+    times ``beta s_k`` (the first two) and ``(1 - beta) s_k`` (eq. 10). ``tests/test_vracer.py`` compares them
+    with autograd of the terms written step by step.
+    """
+
+    @staticmethod
+    def forward(ctx, value, loc, scale, log_rho, action, mu_loc, mu_scale, v_tbc, q_ret, refer, mask):
+        near = refer.near_policy(log_rho)  # Rule 1 (eq. 10)
+        rho, slope = refer.weight(log_rho, near)  # far-policy: 1; ReF-ER-2: min(rho, 10^3) (sec. 5.3)
+        advantage = q_ret - value
+        kl = gaussian_kl(mu_loc, mu_scale, loc, scale)
+        losses = (
+            refer.gate(-rho * advantage, near, mask),  # off-PG, eq. 5
+            refer.gate(0.5 * (value - v_tbc).pow(2), near, mask),  # eq. 9
+            refer.penalty(kl, mask),  # Rule 2, eq. 10-11
+        )
+        share = 1.0 / value.numel() if mask is None else mask.to(value.dtype) / mask.sum().clamp_min(1)
+        on, off = refer.beta * share, (1.0 - refer.beta) * share
+        z = (action - loc) / scale
+        pg = torch.where(near, -slope * advantage, 0.0) * on
+        diff = loc - mu_loc
+        ctx.save_for_backward(
+            torch.where(near, value - v_tbc, 0.0) * on,  # d loss_critic / dV
+            pg * z / scale,  # d loss_objective / dm
+            pg * (z.pow(2) - 1.0) / scale,  # d loss_objective / d sigma
+            off * diff / scale.pow(2),  # d loss_kl / dm
+            off * (1.0 / scale - (mu_scale.pow(2) + diff.pow(2)) / scale.pow(3)),  # d loss_kl / d sigma
+        )
+        ctx.mark_non_differentiable(kl, near)
+        return *losses, kl, near
+
+    @staticmethod
+    def backward(ctx, d_objective, d_critic, d_kl, *_):
+        critic_v, objective_m, objective_s, kl_m, kl_s = ctx.saved_tensors
+        grads = (d_critic * critic_v, d_objective * objective_m + d_kl * kl_m, d_objective * objective_s + d_kl * kl_s)
+        return *grads, *([None] * 8)
 
 
 # ---------------------------------------------------------------------------------------------- replay layout
@@ -225,6 +296,7 @@ class VRACERLoss(ReplayLoss):
         self.n_start = n_start
         self.steps_per_update = steps_per_update
         self.truncation = truncation
+        self._log_z = truncation_log_z(truncation)
         self.reward_scale_interval = reward_scale_interval
         self.epsilon = epsilon
         self.seq_len = 1
@@ -279,24 +351,20 @@ class VRACERLoss(ReplayLoss):
         ]
 
     # ------------------------------------------------------------------ network evaluations
-    def _evaluate(self, td: TensorDictBase) -> tuple[TensorDictBase, TruncatedGaussian]:
-        """The network on a copy of ``td``'s observation keys; the policy ``pi`` it defines."""
-        out = self.network(td.select(*self.network.in_keys))
-        return out, self._policy(out)
+    def _evaluate(self, td: TensorDictBase) -> TensorDictBase:
+        """The network on a copy of ``td``'s observation keys."""
+        return self.network(td.select(*self.network.in_keys))
 
-    def _policy(self, out: TensorDictBase) -> TruncatedGaussian:
-        return TruncatedGaussian(out.get(self.tensor_keys.loc), out.get(self.tensor_keys.scale), self.truncation)
-
-    def _log_rho(self, td: TensorDictBase, pi: TruncatedGaussian) -> torch.Tensor:
-        """``log rho = log pi(a|s) - log mu(a|s)``, ``[*td.shape, 1]``."""
+    def _log_rho(self, td: TensorDictBase, out: TensorDictBase) -> torch.Tensor:
+        """``log rho = log pi(a|s) - log mu(a|s)`` of the network outputs ``out``, ``[*td.shape, 1]``."""
         keys = self.tensor_keys
-        log_pi = pi.log_prob(td.get(keys.action))
+        log_pi = truncated_normal_log_prob(td.get(keys.action), out.get(keys.loc), out.get(keys.scale), self._log_z)
         return (log_pi - td.get(keys.behaviour_log_prob).reshape(log_pi.shape)).unsqueeze(-1)
 
     @torch.no_grad()
     def _next_value(self, td: TensorDictBase) -> torch.Tensor:
         """``V(s_{k+1})`` from ``("next", observation)`` (bootstrap of an episode's last stored step)."""
-        out, _ = self._evaluate(td.get("next"))
+        out = self._evaluate(td.get("next"))
         return out.get(self.tensor_keys.value)
 
     @torch.no_grad()
@@ -304,36 +372,33 @@ class VRACERLoss(ReplayLoss):
         """``V(s_k)``, ``rho_k``, ``V(s_{k+1})`` of the current network for the steps of ``td``, each ``[*td.shape]``
         on the CPU (beside the replay, whatever the learner's device)."""
         td = td.to(self.reward_scale.device)
-        out, pi = self._evaluate(td)
-        fresh = {VALUE: out.get(self.tensor_keys.value), RHO: self._log_rho(td, pi).exp(), NEXT_VALUE: self._next_value(td)}
+        out = self._evaluate(td)
+        fresh = {VALUE: out.get(self.tensor_keys.value), RHO: self._log_rho(td, out).exp(), NEXT_VALUE: self._next_value(td)}
         return {name: value.reshape(td.shape).cpu() for name, value in fresh.items()}
 
     # ------------------------------------------------------------------ loss
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         keys = self.tensor_keys
-        mask = padding_mask(td)  # None for replayed single steps: plain means
-        out, pi = self._evaluate(td)
-        value = out.get(keys.value)
-        log_rho = self._log_rho(td, pi)
-        near = self.refer.near_policy(log_rho.detach())  # Rule 1 (eq. 10)
-        rho_near = self.refer.weight(log_rho, near)  # far-policy: 1; ReF-ER-2: min(rho, 10^3) (sec. 5.3)
-        v_tbc, q_ret = td[self._stored_key(VTBC)], td[self._stored_key(QRET)]  # added by before_update
-        advantage = (q_ret - value).detach()
-        loss_objective = self.refer.gate(-rho_near * advantage, near, mask)  # off-PG, eq. 5
-        loss_critic = self.refer.gate(0.5 * (value - v_tbc).pow(2), near, mask)  # eq. 9
+        out = self._evaluate(td)
+        value, loc, scale = out.get(keys.value), out.get(keys.loc), out.get(keys.scale)
         mu = td.get(keys.behaviour)
-        kl = gaussian_kl(mu.get("loc"), mu.get("scale"), out.get(keys.loc), out.get(keys.scale))
-        loss_kl = self.refer.penalty(kl, mask)  # Rule 2, eq. 10-11
+        with torch.no_grad():
+            log_rho = self._log_rho(td, out)
+        loss_objective, loss_critic, loss_kl, kl, near = _ReFERTerms.apply(
+            value, loc, scale, log_rho, td.get(keys.action), mu.get("loc"), mu.get("scale"),
+            td[self._stored_key(VTBC)], td[self._stored_key(QRET)],  # added by before_update
+            self.refer, mask := padding_mask(td),
+        )
         return TensorDict(
             {
                 "loss_objective": loss_objective,
                 "loss_critic": loss_critic,
                 "loss_kl": loss_kl,
                 # per-step fresh estimates, written back by after_update (their means are logged)
-                "rho": log_rho.detach().exp(),
+                "rho": log_rho.exp(),
                 "state_value": value.detach(),
                 "next_state_value": td[self._stored_key(NEXT_VALUE)],  # fresh where eq. 8 reads it (before_update)
-                "kl": masked_mean(kl.detach(), mask),
+                "kl": masked_mean(kl, mask),
                 "far_batch": masked_mean((~near).float(), mask),
                 "far_fraction": self.refer.far_fraction.clone(),
                 "beta": self.refer.beta.clone(),

@@ -37,7 +37,7 @@ _PAPER = {  # App. A: MLP 2x128 Softsign, Adam lr 1e-4, gamma 0.995, N = 2^18, B
     "network.hidden": [128, 128],
     "network.activation": "softsign",
     "optim.lr": 1e-4,
-    "optim.max_grad_norm": 1e6,  # the paper does not clip gradients
+    "optim.max_grad_norm": math.inf,  # the paper does not clip gradients
     "gamma": 0.995,
     "replay.capacity": 2**18,
     "replay.batch_size": 256,
