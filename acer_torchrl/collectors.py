@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing.util  # noqa: F401  (registers its exit handler now: ours, registered below, runs first)
+import os
 import sys
 import weakref
 from collections.abc import Callable, Sequence
@@ -225,13 +226,30 @@ class RemoteCollector(_ClosingCollector, DistributedCollector):
     A rank whose batch was taken is marked busy at once. TorchRL leaves its "done" status until the rank reads
     its next instruction, and takes the first rank it finds "done": the learner then waited for that rank's
     next batch while the others' batches were ready (rank 1 served, the others starved and their batches
-    aged)."""
+    aged).
+
+    TorchRL sets ``MASTER_ADDR`` / ``MASTER_PORT`` in this process's environment for its process group and leaves
+    them there; a SLURM job submitted later from the same process would inherit them (sbatch exports the
+    environment) and submitit would rendezvous on that port. ``shutdown()`` puts back what was there before."""
+
+    RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
+
+    def __init__(self, *args, **kwargs):
+        self._environment_before = {key: os.environ.get(key) for key in self.RENDEZVOUS}
+        super().__init__(*args, **kwargs)
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
         if self in _OPEN_COLLECTORS:  # not shut down yet
             _OPEN_COLLECTORS.discard(self)
             stop_weight_receivers(self)
-        DistributedCollector.shutdown(self, timeout=timeout)  # its schemes after its ranks have exited
+        try:
+            DistributedCollector.shutdown(self, timeout=timeout)  # its schemes after its ranks have exited
+        finally:
+            for key, value in self._environment_before.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def _next_async(self, total_frames, trackers):
         data, total_frames, index = super()._next_async(total_frames, trackers)

@@ -1,5 +1,6 @@
 """Collectors: batch layout, trajectory ids, recurrent state, weight pushes, clean exit."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -70,6 +71,7 @@ def recurrent_run(request):
         assert isinstance(collector, MultiProcessCollector)
     else:
         remote = RemoteCollection("localhost", free_port_triple(), ranks=2)
+        rendezvous = {key: os.environ.get(key) for key in RemoteCollector.RENDEZVOUS}
         handler, rng = signal.getsignal(signal.SIGINT), torch.get_rng_state()
         collector = make_remote_collector([env_fn, env_fn], policy, remote, frames_per_batch=NUM_ENVS * T, launcher="mp")
         assert isinstance(collector, RemoteCollector)
@@ -79,6 +81,8 @@ def recurrent_run(request):
         stream = iter(collector)  # one iteration for the whole run, as the trainer does
         batches = [next(stream) for _ in range(8)]
         yield collector, head, batches, stream
+    if request.param == "remote":  # TorchRL's rendezvous variables gone with it (a SLURM job submitted later inherits them)
+        assert {key: os.environ.get(key) for key in RemoteCollector.RENDEZVOUS} == rendezvous
 
 
 def test_batches_are_env_major_with_unique_trajectory_ids(recurrent_run):

@@ -43,15 +43,6 @@ slurm = pytest.mark.slurm
 uses_cluster = pytest.mark.usefixtures("slurm_cluster")
 
 
-@pytest.fixture(autouse=True)
-def no_inherited_rendezvous(monkeypatch):
-    """TorchRL's DistributedCollector (tests/test_collectors.py, earlier in the same process) leaves MASTER_ADDR and
-    MASTER_PORT in ``os.environ``; a job submitted from here inherits the environment (sbatch exports it) and
-    submitit then uses that port instead of the one it derives from the job id (a fresh-clone CI failed on 60511)."""
-    for key in ("MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)
-
-
 def executor(tmp_path: Path, **params) -> submitit.AutoExecutor:
     """A SLURM executor running jobs with this interpreter (the venv's) and logs under ``tmp_path``."""
     ex = submitit.AutoExecutor(folder=tmp_path / "logs" / "%j", cluster="slurm")
