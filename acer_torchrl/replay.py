@@ -39,8 +39,8 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Storage, TensorDictReplayBuffer
 
 from acer_torchrl._torchrl_compat import set_write_position, stored_tensordict
-from acer_torchrl.objectives.names import MASK_KEY, SLOT_KEY
-from acer_torchrl.objectives.stored_estimates import EpisodeLinks
+from acer_torchrl.objectives.names import MASK_KEY, SLOT_KEY, WRITE_KEY
+from acer_torchrl.objectives.stored_estimates import EpisodeLinks, write_index
 from acer_torchrl.validation import ConfigError
 
 TRAJ_KEY = ("collector", "traj_ids")
@@ -320,8 +320,11 @@ class EpisodeReplay:
 
     def sample_steps(self, batch_size: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
         """``[batch_size]`` single steps drawn uniformly (V-RACER's single-step replay); only ``keys`` when
-        given."""
-        return self.gather(self._sample_starts(batch_size), keys)
+        given. Each with the write that stored it (``"write_index"``): a reader that looks at the replay again
+        later (a sweep agent, while the others write) can tell a step since replaced in its slot."""
+        sample = self.gather(self._sample_starts(batch_size), keys)
+        sample.set(WRITE_KEY, write_index(sample.get(SLOT_KEY), self.steps_written, self.capacity))
+        return sample
 
     def episode_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """All stored steps of the episodes of ``slots``: ``[N, L]`` slots (from each episode's first

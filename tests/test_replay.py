@@ -9,7 +9,7 @@ from torchrl.modules import set_recurrent_mode
 
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import make_torso
-from acer_torchrl.objectives.stored_estimates import SlotEstimates
+from acer_torchrl.objectives.stored_estimates import SlotEstimates, write_index
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows
 from planted import plant_pickle
 
@@ -218,10 +218,22 @@ def test_steps_with_selected_keys_equal_the_full_steps():
     rb = EpisodeReplay(100, seed=0)
     rb.extend(make_rows([[(5, 0, 7, True), (6, 0, 3, False)]]))
     steps = rb.sample_steps(32, keys=["observation", ("next", "reward"), "not_stored"])
-    assert set(steps.keys(True, True)) == {"observation", ("next", "reward"), "slot"}
+    assert set(steps.keys(True, True)) == {"observation", ("next", "reward"), "slot", "write_index"}
     full = rb.gather(steps["slot"])
     assert torch.equal(steps["observation"], full["observation"])
     assert torch.equal(steps["next", "reward"], full["next", "reward"])
+
+
+def test_sampled_steps_carry_the_write_that_stored_them():
+    """``write_index``: the w-th step ever written went to slot w mod capacity; a later reader compares it with
+    the last write into the slot to tell a replaced step (V-RACER in a sweep)."""
+    rb = EpisodeReplay(8, seed=0)
+    rb.extend(make_rows([[(1, 0, 5, True)]]))
+    rb.extend(make_rows([[(2, 0, 8, False)]]))  # 13 writes: slots 0-4 twice (writes 8-12)
+    steps = rb.sample_steps(64)
+    expected = torch.where(steps["slot"] < 5, steps["slot"] + 8, steps["slot"])
+    assert torch.equal(steps["write_index"], expected)
+    assert write_index(torch.arange(8), 3, 8).tolist() == [0, 1, 2, -5, -4, -3, -2, -1]  # slots 3-7: never
 
 
 def test_slot_estimates_see_exactly_the_slots_written_since_their_last_look():

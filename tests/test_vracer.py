@@ -511,6 +511,40 @@ def test_agents_sharing_a_replay_keep_their_own_estimates_of_every_step():
             assert_estimates_follow_eq8(agent, replay)
 
 
+def test_a_step_replaced_after_it_was_drawn_is_masked_and_not_written_back():
+    """In a sweep with one process per agent the others write between an agent's draw and its update: a sampled
+    step whose slot was rewritten meanwhile (the sample holds the old step, the stored estimates are the new
+    step's) is left out of the update (mask) and its slot keeps the new step's estimates. Without the check the
+    write-back put the old step's V and rho on the new step."""
+    agents = [make_agent(n_start=10), make_agent(n_start=10)]
+    shared = SharedReplay(EpisodeReplay(40, seed=0), n_agents=2)
+    views = [AgentReplay(shared, i, 2, owner=i == 0) for i in range(2)]
+    for i, rows in enumerate(BATCHES[:2]):
+        batch = agents[0].loss.preprocess(collected(agents[0], rows, seed=i))
+        agents[0].loss.after_extend(batch, views[0].extend(batch), views[0])
+    loss = agents[0].loss
+    perturb(loss.network, seed=3, scale=0.1)  # the stored estimates now differ from the network's
+    sample = views[0].sample_steps(24, loss.in_keys)  # agent 0 draws ...
+    batch = agents[1].loss.preprocess(collected(agents[1], BATCHES[2], seed=2))
+    written = views[1].extend(batch)  # ... agent 1 writes 18 steps over 40 slots ...
+    sample = loss.before_update(sample, views[0])  # ... agent 0 looks again
+    replaced = torch.isin(sample["slot"], written)
+    assert 0 < int(replaced.sum()) < 24
+    assert torch.equal(sample["mask"], ~replaced)
+    out = loss(sample)
+    loss.after_update(sample, out, views[0])
+    replay = shared.replay
+    slots = replay.alive.nonzero().squeeze(-1)
+    fresh = loss._fresh_estimates(replay.gather(slots, loss._estimate_keys()))
+    stored_value = stored(agents[0], "value")[slots, 0]
+    # every stored step's estimates are its own: the sampled ones written back with this network, the new
+    # steps' from the sync (this network too), the others' from before the perturbation
+    sampled = torch.isin(slots, sample["slot"][~replaced]) | torch.isin(slots, written)
+    torch.testing.assert_close(stored_value[sampled], fresh["value"][sampled])
+    assert (stored_value[~sampled] - fresh["value"][~sampled]).abs().min() > 1e-4
+    assert_estimates_follow_eq8(agents[0], replay)
+
+
 # ----------------------------------------------------------------------------- config and pipeline
 
 

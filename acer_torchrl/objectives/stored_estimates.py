@@ -16,6 +16,12 @@ from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
 
+def write_index(slots: torch.Tensor, written: int, capacity: int) -> torch.Tensor:
+    """Which write put the step now in each of ``slots`` there, after ``written`` round-robin writes: the last
+    ``w < written`` with ``w mod capacity == slot`` (``-1``: never written)."""
+    return slots + capacity * torch.div(written - 1 - slots, capacity, rounding_mode="floor")
+
+
 class EpisodeLinks(NamedTuple):
     """How a replay's slots form episodes, all ``[capacity]``."""
 

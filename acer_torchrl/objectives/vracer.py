@@ -48,9 +48,9 @@ from torch import nn
 
 from acer_torchrl.objectives.affine_tree import AffineSuffixTree
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, padding_mask
-from acer_torchrl.objectives.names import BEHAVIOUR, SLOT_KEY
+from acer_torchrl.objectives.names import BEHAVIOUR, MASK_KEY, SLOT_KEY, WRITE_KEY
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
-from acer_torchrl.objectives.stored_estimates import EpisodeLinks, EpisodeStore, SlotEstimates
+from acer_torchrl.objectives.stored_estimates import EpisodeLinks, EpisodeStore, SlotEstimates, write_index
 
 STORED = "vracer"  # root of a sampled batch's stored estimates (added by before_update)
 VALUE, RHO, NEXT_VALUE, VTBC, QRET = "value", "rho", "next_value", "vtbc", "qret"  # the last two: computed when sampled
@@ -306,7 +306,7 @@ class VRACERLoss(ReplayLoss):
         self._pending_updates = 0.0  # gradient steps owed to the env steps collected (F, App. A)
         self.stored = SlotEstimates()  # V, rho, V(s_{k+1}), r and terminal of every stored step, by slot
         self._recursion: tuple[EpisodeOrder, AffineSuffixTree] | None = None  # eq. 8 over the stored steps
-        self._drawn: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None  # the last sample's eq. 8 terms
+        self._drawn: tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | slice] | None = None  # see before_update
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         """No value estimator object: the V^tbc recursion runs on the replay's stored estimates."""
@@ -461,16 +461,34 @@ class VRACERLoss(ReplayLoss):
 
     def before_update(self, sample: TensorDictBase, replay: EpisodeStore) -> TensorDictBase:
         """Adds the sampled steps' ``V^tbc`` and ``Q^ret`` (:meth:`estimates`) and the ``V(s_{k+1})`` to write
-        back (:meth:`_bootstrap_values`) under the stored root."""
+        back (:meth:`_bootstrap_values`) under the stored root.
+
+        In a shared replay the other agents write while this one draws: a step replaced in its slot between the
+        draw and this look (the sample holds the old step, the stored estimates are now the new one's) is masked
+        out of this update and not written back (:meth:`_still_stored`)."""
         self.sync(replay)  # in a shared replay, steps others wrote since this loss's last look
         slots = sample.get(SLOT_KEY).reshape(-1).cpu()
+        kept = self._still_stored(sample, slots)
+        if isinstance(kept, torch.Tensor):
+            sample.set(MASK_KEY, kept.reshape(sample.shape).to(sample.device))
         terms = self._eq8_terms(slots)
         v_tbc, q_ret = self._targets(slots, terms)
         next_value = self._bootstrap_values(replay, slots, terms)
-        self._drawn = slots, terms  # after_update's eq. 8 maps: these steps' terms with the written-back values
+        self._drawn = slots, terms, kept  # after_update's eq. 8 maps: these steps' terms with the written-back values
         for name, value in ((VTBC, v_tbc), (QRET, q_ret), (NEXT_VALUE, next_value)):
             sample.set(self._stored_key(name), value.reshape(*sample.shape, 1).to(sample.device))
         return sample
+
+    def _still_stored(self, sample: TensorDictBase, slots: torch.Tensor) -> torch.Tensor | slice:
+        """Which sampled steps still hold their slots as of the last :meth:`sync` (bool ``[k]``), or
+        ``slice(None)`` when all do (always, but in a shared replay): the write that stored each when it was
+        drawn (``"write_index"``, set by the replay's ``sample_steps``; a batch without it is taken as current)
+        against the last write into its slot."""
+        drawn_as = sample.get(WRITE_KEY, None)
+        if drawn_as is None:
+            return slice(None)
+        kept = write_index(slots, self.stored.synced, self.stored.capacity) == drawn_as.reshape(-1).cpu()
+        return slice(None) if bool(kept.all()) else kept
 
     @torch.no_grad()
     def _bootstrap_values(self, replay: EpisodeStore, slots: torch.Tensor, terms: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -490,26 +508,30 @@ class VRACERLoss(ReplayLoss):
         """Algorithm 3's write-back, the ``sigma_r`` refresh (Algorithm 1) and ReF-ER's ``beta`` (eq. 12).
 
         The sampled steps get the fresh ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` of this update (the last
-        is used only at an episode's last stored step: the bootstrap of eq. 8 there). (In a shared replay a
-        step may have been replaced since it was drawn: the next :meth:`sync` overwrites what is written here.)"""
-        slots = sample.get(SLOT_KEY).reshape(-1).cpu()
-        fresh = {name: output.get(out_key).reshape(-1).cpu() for name, out_key in _WRITTEN_BACK.items()}
+        is used only at an episode's last stored step: the bootstrap of eq. 8 there), except those replaced
+        before :meth:`before_update` looked. (A step replaced after it looked gets the new step's estimates
+        at the next :meth:`sync`, which overwrites what is written here.)"""
+        slots, drawn, kept = self._drawn_for(sample)
+        slots = slots[kept]
+        fresh = {name: output.get(out_key).reshape(-1).cpu()[kept] for name, out_key in _WRITTEN_BACK.items()}
         self.stored.write(slots, **fresh)
         if self._recursion is not None:
             order, tree = self._recursion
-            tree.set(order.rank[slots], *self._eq8_maps(self._written_back_terms(slots)))
+            # eq. 8's terms at the written slots: before_update's (reward, episode end, terminal: unchanged)
+            # with the stored V, rho and V(s_{k+1}) now written back
+            drawn = {name: value[kept] for name, value in drawn.items()}
+            tree.set(order.rank[slots], *self._eq8_maps({**drawn, **self._written_terms(slots, drawn["terminal"])}))
         self.updates += 1
         if int(self.updates) % self.reward_scale_interval == 0:
             self._rescale_rewards()
         self.refer.update_beta(*self.stored.written(RHO))
 
-    def _written_back_terms(self, slots: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Eq. 8's terms at ``slots`` once the update's estimates are written back: :meth:`before_update`'s (reward,
-        episode end, terminal: unchanged) with the stored ``V``, ``rho`` and ``V(s_{k+1})``."""
-        drawn_slots, drawn = self._drawn or (None, None)
-        if drawn_slots is None or (drawn_slots is not slots and not torch.equal(drawn_slots, slots)):
+    def _drawn_for(self, sample: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | slice]:
+        """:meth:`before_update`'s slots, eq. 8 terms and kept rows for ``sample``."""
+        slots = sample.get(SLOT_KEY).reshape(-1).cpu()
+        if self._drawn is None or (self._drawn[0] is not slots and not torch.equal(self._drawn[0], slots)):
             raise RuntimeError("VRACERLoss.after_update: the sample is not the one before_update prepared")
-        return {**drawn, **self._written_terms(slots, drawn["terminal"])}
+        return self._drawn
 
     # ------------------------------------------------------------------ stored estimates
     def _eq8_terms(self, slots: torch.Tensor) -> dict[str, torch.Tensor]:
