@@ -29,13 +29,12 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import TYPE_CHECKING
 
-import ale_py
 import gymnasium as gym
 import mujoco
 import numpy as np
 import torch
-from ale_py.vector_env import AtariVectorEnv
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torchrl.envs import EnvBase, GymWrapper, InitTracker, RewardSum, StepCounter, TransformedEnv
 from torchrl.envs.transforms import Transform
@@ -43,7 +42,8 @@ from torchrl.envs.transforms import Transform
 from acer_torchrl.settings.env import EnvConfig
 from acer_torchrl.validation import check_allowed
 
-gym.register_envs(ale_py)
+if TYPE_CHECKING:
+    from acer_torchrl.atari import ManualResetAtariVectorEnv
 
 FAMILIES = (
     "classic control (CartPole-v1, Acrobot-v1, Pendulum-v1, ...), "
@@ -89,11 +89,25 @@ def _register_minatar() -> None:
     register_envs()
 
 
+def _register_atari() -> bool:
+    """Registers ale-py's Atari ids (``ALE/Pong-v5``, ``PongNoFrameskip-v4``, ...) with gymnasium, once; True
+    when that added ids. Done on demand, for an id gymnasium does not know: ale-py's import costs ~0.2 s in
+    every process that builds an env."""
+    if "ALE/Pong-v5" in gym.registry:
+        return False
+    import ale_py
+
+    gym.register_envs(ale_py)
+    return True
+
+
 def env_family(name: str) -> str:
     """``"classic"``, ``"mujoco"``, ``"atari"`` or ``"minatar"``; a ``ValueError`` naming ``env.name`` otherwise."""
     if name.startswith(MINATAR_PREFIX):
         _register_minatar()
     spec = gym.registry.get(name)
+    if spec is None and _register_atari():
+        spec = gym.registry.get(name)
     entry = spec.entry_point if spec is not None else None
     if isinstance(entry, str):
         if entry.startswith("gymnasium.envs.classic_control."):
@@ -187,39 +201,6 @@ def _make_gym_env(cfg: EnvConfig) -> gym.Env:
     return env
 
 
-class _AtariVectorEnv(AtariVectorEnv):
-    """ale-py's C++ vector env (standard preprocessing) with autoreset disabled.
-
-    ale-py has no ``DISABLED`` autoreset mode. It runs in ``NEXT_STEP`` mode, where an explicit partial
-    reset (``reset_mask``) of a finished env clears its pending autoreset (checked in tests/test_envs.py),
-    so declaring ``DISABLED`` lets TorchRL reset finished envs itself, as it does for gymnasium vector envs.
-
-    Episodic life (DQN): ale-py's ``life_loss_info`` ends the episode on a lost life while the game goes on;
-    the reset TorchRL then asks for is skipped for those envs, so the next episode continues the game.
-    """
-
-    def __init__(self, *, episodic_life: bool, **kwargs):
-        super().__init__(autoreset_mode=AutoresetMode.NEXT_STEP, life_loss_info=episodic_life, **kwargs)
-        self.autoreset_mode = AutoresetMode.DISABLED
-        self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.DISABLED}
-        self.episodic_life = episodic_life
-        self.life_lost = np.zeros(self.num_envs, dtype=bool)  # ended by a lost life, game not over
-
-    def step(self, actions: np.ndarray):
-        obs, reward, terminated, truncated, info = super().step(actions)
-        if self.episodic_life:
-            self.life_lost = terminated & ~truncated & (info["lives"] > 0)
-        return obs, reward, terminated, truncated, info
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        options = dict(options or {})
-        mask = options.get("reset_mask", np.ones(self.num_envs, dtype=bool))
-        if seed is None and self.life_lost.any():
-            options["reset_mask"] = mask & ~self.life_lost
-        self.life_lost = self.life_lost & ~mask
-        return super().reset(seed=seed, options=options or None)
-
-
 class _SingleEnvView(gym.Env):
     """A one-env vector env seen as a plain gymnasium env (TorchRL batch size ``[]``)."""
 
@@ -240,21 +221,24 @@ class _SingleEnvView(gym.Env):
         self.vector_env.close()
 
 
-def atari_vector_env(cfg: EnvConfig, num_envs: int) -> AtariVectorEnv:
+def atari_vector_env(cfg: EnvConfig, num_envs: int) -> ManualResetAtariVectorEnv:
     """The gymnasium-level Atari env of ``cfg`` (``num_envs`` games, standard DQN preprocessing)."""
+    from acer_torchrl.atari import ManualResetAtariVectorEnv
+
+    _register_atari()
     kwargs = gym.registry[cfg.name].kwargs
     max_frames = kwargs["max_num_frames_per_episode"]
     if cfg.max_episode_steps is not None:
         max_frames = cfg.max_episode_steps * cfg.frame_skip
     rap = cfg.repeat_action_probability
-    return _AtariVectorEnv(
+    return ManualResetAtariVectorEnv(
         game=kwargs["game"],
         num_envs=num_envs,
         num_threads=1,  # the collector's worker processes are the parallelism
         frameskip=cfg.frame_skip,
         maxpool=True,
         noop_max=cfg.noop_max,
-        episodic_life=cfg.episodic_life,  # see _AtariVectorEnv
+        episodic_life=cfg.episodic_life,  # see ManualResetAtariVectorEnv
         stack_num=cfg.frame_stack,
         img_height=84,
         img_width=84,

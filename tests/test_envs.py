@@ -1,6 +1,8 @@
 """Environment construction: time limits, POMDP, dtypes, Atari preprocessing, errors, batched envs."""
 
 import pickle
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -33,6 +35,20 @@ def test_cartpole_keeps_the_registered_time_limit_by_default():
     env = make_env(EnvConfig())
     assert env.base_env._env.spec.max_episode_steps == 500
     env.close()
+
+
+def test_ale_py_is_imported_only_when_an_atari_id_is_asked_for():
+    """A fresh process: a CartPole env leaves ale-py unimported (~0.2 s in every worker); an Atari id that
+    gymnasium does not know yet, in either of ale-py's namings, registers them on demand."""
+    script = (
+        "import sys\n"
+        "from acer_torchrl.envs import EnvConfig, env_family, make_env\n"
+        "make_env(EnvConfig('CartPole-v1')).close()\n"
+        "assert 'ale_py' not in sys.modules, 'ale_py imported for CartPole'\n"
+        "assert env_family('PongNoFrameskip-v4') == 'atari' and env_family('ALE/Breakout-v5') == 'atari'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_batched_env_resets_finished_games_only():
@@ -133,7 +149,7 @@ def test_atari_noop_starts_and_frame_skip():
 
 
 def test_atari_explicit_reset_replaces_autoreset():
-    """The premise of _AtariVectorEnv: after an explicit partial reset, the next step does not reset again."""
+    """The premise of ManualResetAtariVectorEnv: after an explicit partial reset, the next step does not reset again."""
     venv = atari_vector_env(EnvConfig("ALE/Pong-v5", noop_max=0, max_episode_steps=3), num_envs=2)
     venv.reset(seed=0)
     for _ in range(3):
