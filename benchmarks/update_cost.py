@@ -6,20 +6,40 @@ write-backs) on a filled replay, with no collector running: where ``learner.py``
 Fills the replay to ``replay.min_size`` (+500) steps with the preset's acting policy in-process, then times
 ``--updates`` updates of the trainer (one thread, ``time.process_time``). With ``--store`` newly collected
 batches are stored between them as in a run (``Trainer.store``, then the loss's ``update_plan``): what a
-loss rebuilds after the replay grows (V-RACER's eq. 8 tree) is counted, acting is not. ``--profile`` prints
-cProfile's top entries instead of timing plainly (cProfile inflates Python-heavy parts several-fold).
+loss rebuilds after the replay grows (V-RACER's eq. 8 tree) is counted, acting is not. ``--wrap`` fills the
+replay past its capacity instead, a long run's steady state in which every stored batch evicts episodes: 2^15
+collected steps are stored again and again under new trajectory ids (acting 2^18 steps in one thread would take
+~25 min), and so are the batches stored between timed updates (with ``--store``).
+``--profile`` prints cProfile's top entries instead of timing plainly (cProfile inflates Python-heavy parts
+several-fold).
+
+    python benchmarks/update_cost.py vracer mujoco --wrap --store --updates 2000 env.name=Hopper-v5
 """
 
 import argparse
 import cProfile
+import itertools
 import pstats
 import tempfile
 import time
+from collections.abc import Iterator
 
 import torch
+from tensordict import TensorDictBase
 
 from acer_torchrl.config import load_config
+from acer_torchrl.replay import TRAJ_KEY
 from acer_torchrl.trainer import Trainer
+
+
+def restored(recorded: list[TensorDictBase]) -> Iterator[TensorDictBase]:
+    """``recorded`` batches over and over, each pass under trajectory ids no earlier pass used (new episodes)."""
+    shift = 1 + max(int(b.get(TRAJ_KEY).max()) for b in recorded)
+    for n in itertools.count(1):
+        for batch in recorded:
+            batch = batch.clone()
+            batch.set(TRAJ_KEY, batch.get(TRAJ_KEY) + n * shift)
+            yield batch
 
 
 def main() -> None:
@@ -29,6 +49,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=300)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--store", action="store_true", help="store collected batches between updates, as in a run")
+    parser.add_argument("--wrap", action="store_true", help="fill the replay past its capacity (see above)")
     args, overrides = parser.parse_known_args()
     run_dir = tempfile.mkdtemp()
     cfg = load_config(args.algo, [f"preset={args.preset}", "collector.workers=0", f"run_dir={run_dir}/run",
@@ -37,7 +58,16 @@ def main() -> None:
     torch.set_num_threads(1)  # acting at batch 1 with two threads is ~5x slower on a loaded 2-core machine
     collector = trainer.make_collector(10**12)
     batches = iter(collector)
-    trainer.fill_replay(max(2_000, cfg.replay.min_size + 500), batches)
+    if args.wrap:
+        recorded = []
+        while sum(b.numel() for b in recorded) < min(2**15, cfg.replay.capacity):
+            recorded.append(next(batches))
+        batches = restored(recorded)
+        while trainer.replay.steps_written <= cfg.replay.capacity:
+            trainer.store(next(batches))
+        trainer.loss.update_plan(trainer.rng)  # the fill's updates are not taken: timed ones come from --store
+    else:
+        trainer.fill_replay(max(2_000, cfg.replay.min_size + 500), batches)
 
     def plan() -> list[float]:
         """The updates the next stored batch pays for (without --store: the plan of the batches stored so far,

@@ -548,7 +548,7 @@ def backward_loop(a, b):
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 9, 300])
-def test_affine_suffix_tree_matches_the_backward_loop_after_point_updates(n):
+def test_affine_suffix_tree_matches_the_backward_loop_after_point_and_range_updates(n):
     g = torch.Generator().manual_seed(n)
     a = (0.99 * torch.rand(n, generator=g, dtype=torch.float64)).where(torch.rand(n, generator=g) > 0.1, 0.0)  # cuts
     b = torch.randn(n, generator=g, dtype=torch.float64)
@@ -562,3 +562,10 @@ def test_affine_suffix_tree_matches_the_backward_loop_after_point_updates(n):
         b[where] = torch.randn(5, generator=g, dtype=torch.float64)[torch.arange(5) % 4]
         tree.set(where, a[where], b[where])
         torch.testing.assert_close(tree.suffix(everywhere), backward_loop(a.tolist(), b.tolist()), rtol=1e-12, atol=1e-12)
+    # maps added after the n given (the room a larger tree leaves), and a run of them replaced
+    tree = AffineSuffixTree(a[: n // 2], b[: n // 2], size=4 * (tree.size))
+    tree.set_range(n // 2, a[n // 2 :], b[n // 2 :])
+    a[n // 3 :] = 0.99 * torch.rand(n - n // 3, generator=g, dtype=torch.float64)
+    b[n // 3 :] = torch.randn(n - n // 3, generator=g, dtype=torch.float64)
+    tree.set_range(n // 3, a[n // 3 :], b[n // 3 :])
+    torch.testing.assert_close(tree.suffix(everywhere), backward_loop(a.tolist(), b.tolist()), rtol=1e-12, atol=1e-12)

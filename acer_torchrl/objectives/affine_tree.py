@@ -26,26 +26,34 @@ class AffineSuffixTree:
     """A segment tree over the maps ``(a_i, b_i)``, ``i < n``; positions ``n`` and beyond are the identity.
 
     Node ``k`` holds the composition of its two children ``2k`` (earlier positions) and ``2k + 1``; leaf
-    ``i`` is node ``size + i``. Kept in float64: the composed coefficients are products of up to ``n``
+    ``i`` is node ``size + i`` (``size``: a power of two above ``n``, larger to leave room for :meth:`set_range`
+    to add maps after the ``n`` given). Kept in float64: the composed coefficients are products of up to ``n``
     factors, and ones at or below ``sqrt(tiny)`` are set to 0 (as in ``functional._affine_scan``), so that
     no product of two is a denormal; that changes ``x`` by at most ``sqrt(tiny) max|x|``. The ``a_i`` are
     non-negative (discount times truncated importance weight).
     """
 
-    def __init__(self, a: Tensor, b: Tensor):
+    def __init__(self, a: Tensor, b: Tensor, size: int | None = None):
         n = a.shape[0]
         self.n = n
-        self.size = 1 << max(n, 1).bit_length()  # > n: position n is an identity leaf, x_n = 0
+        self.size = size or 1 << max(n, 1).bit_length()  # > n: position n is an identity leaf, x_n = 0
+        if self.size <= n or self.size & (self.size - 1):
+            raise ValueError(f"AffineSuffixTree: size={self.size} must be a power of two above the {n} maps")
         self.depth = self.size.bit_length() - 1
         self._tiny = np.finfo(np.float64).tiny ** 0.5
         self.a = np.ones(2 * self.size)
         self.b = np.zeros(2 * self.size)
         self.a[self.size : self.size + n] = _numpy(a)
         self.b[self.size : self.size + n] = _numpy(b)
-        lo = self.size
-        while lo > 1:  # level by level: parents [lo/2, lo), their left children lo, lo + 2, ..., right ones lo + 1, ...
-            self._compose(slice(lo // 2, lo), slice(lo, 2 * lo, 2), slice(lo + 1, 2 * lo, 2))
-            lo //= 2
+        self._recompose(0, self.size)
+
+    def _recompose(self, lo: int, hi: int) -> None:
+        """Recompose every ancestor of leaves ``[lo, hi)``, level by level: at each level the parents of a run of
+        nodes are a run, their left children ``2k`` and right ones ``2k + 1`` strided slices (no gathers)."""
+        lo, hi = lo + self.size, hi + self.size
+        while lo > 1:
+            lo, hi = lo >> 1, (hi + 1) >> 1
+            self._compose(slice(lo, hi), slice(2 * lo, 2 * hi, 2), slice(2 * lo + 1, 2 * hi, 2))
 
     def _compose(self, nodes, left, right) -> None:
         """``node = left o right`` for index arrays or slices of equal length."""
@@ -65,6 +73,16 @@ class AffineSuffixTree:
         for _ in range(self.depth):
             nodes = nodes >> 1
             self._compose(nodes, 2 * nodes, 2 * nodes + 1)
+
+    def set_range(self, lo: int, a: Tensor, b: Tensor) -> None:
+        """Replace the maps at positions ``lo, lo + 1, ..., lo + k - 1`` (``a``, ``b``: ``[k]``); O(k + log n)."""
+        hi = lo + a.shape[0]
+        if hi >= self.size:  # position size - 1 stays free: a query one past the last map reads it
+            raise IndexError(f"AffineSuffixTree.set_range: positions up to {hi - 1} in a tree of {self.size} leaves")
+        self.a[self.size + lo : self.size + hi] = _numpy(a)
+        self.b[self.size + lo : self.size + hi] = _numpy(b)
+        self.n = max(self.n, hi)
+        self._recompose(lo, hi)
 
     def suffix(self, positions: Tensor) -> Tensor:
         """``x_i`` at ``positions`` (``[k]``, each in ``[0, n]``), float64.

@@ -46,11 +46,11 @@ from tensordict.utils import NestedKey
 from torch import distributions as D
 from torch import nn
 
-from acer_torchrl.objectives.affine_tree import AffineSuffixTree
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, padding_mask
+from acer_torchrl.objectives.episode_recursion import EpisodeRecursion
 from acer_torchrl.objectives.names import BEHAVIOUR, MASK_KEY, SLOT_KEY, WRITE_KEY
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
-from acer_torchrl.objectives.stored_estimates import EpisodeLinks, EpisodeStore, SlotEstimates, write_index
+from acer_torchrl.objectives.stored_estimates import EpisodeStore, SlotEstimates, write_index
 
 STORED = "vracer"  # root of a sampled batch's stored estimates (added by before_update)
 VALUE, RHO, NEXT_VALUE, VTBC, QRET = "value", "rho", "next_value", "vtbc", "qret"  # the last two: computed when sampled
@@ -194,27 +194,6 @@ class _ReFERTerms(torch.autograd.Function):
         return *grads, *([None] * 8)
 
 
-# ---------------------------------------------------------------------------------------------- replay layout
-
-
-class EpisodeOrder:
-    """The alive slots of a replay sorted by (episode, position), and each slot's index in that order
-    (``rank``; -1 when not alive), from its :class:`EpisodeLinks`.
-
-    Every alive episode is stored whole from its first step (whole-episode eviction), so its steps are one
-    contiguous run of :attr:`slots`, in time order: a step's successor in its episode (``links.next``) is
-    the next entry.
-    """
-
-    def __init__(self, links: EpisodeLinks):
-        capacity = links.alive.shape[0]
-        alive = links.alive.nonzero().squeeze(-1)
-        key = links.episode[alive] * capacity + links.position[alive]
-        self.slots = alive[key.argsort()]
-        self.rank = torch.full((capacity,), -1, dtype=torch.long)
-        self.rank[self.slots] = torch.arange(self.slots.numel())
-
-
 # ---------------------------------------------------------------------------------------------- loss
 
 
@@ -305,7 +284,7 @@ class VRACERLoss(ReplayLoss):
         self.register_buffer("updates", torch.tensor(0, dtype=torch.long))  # gradient steps k
         self._pending_updates = 0.0  # gradient steps owed to the env steps collected (F, App. A)
         self.stored = SlotEstimates()  # V, rho, V(s_{k+1}), r and terminal of every stored step, by slot
-        self._recursion: tuple[EpisodeOrder, AffineSuffixTree] | None = None  # eq. 8 over the stored steps
+        self._recursion: EpisodeRecursion | None = None  # eq. 8 over the stored steps (None: to be built)
         self._drawn: tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | slice] | None = None  # see before_update
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
@@ -439,9 +418,10 @@ class VRACERLoss(ReplayLoss):
         new = self.stored.sync(replay)
         if new is None:
             return
-        self._recursion = None  # episodes were added or evicted
         if new.numel():
             self._store_fresh(replay, new)
+        if self._recursion is not None:  # episodes were added or evicted
+            self._recursion.refresh(self.stored.links, new, self._eq8_maps_at)
         if not bool(self.fitted) and self.stored.links.alive.sum() >= self.n_start:
             self._fit(replay)
 
@@ -516,11 +496,10 @@ class VRACERLoss(ReplayLoss):
         fresh = {name: output.get(out_key).reshape(-1).cpu()[kept] for name, out_key in _WRITTEN_BACK.items()}
         self.stored.write(slots, **fresh)
         if self._recursion is not None:
-            order, tree = self._recursion
             # eq. 8's terms at the written slots: before_update's (reward, episode end, terminal: unchanged)
             # with the stored V, rho and V(s_{k+1}) now written back
             drawn = {name: value[kept] for name, value in drawn.items()}
-            tree.set(order.rank[slots], *self._eq8_maps({**drawn, **self._written_terms(slots, drawn["terminal"])}))
+            self._recursion.set(slots, *self._eq8_maps({**drawn, **self._written_terms(slots, drawn["terminal"])}))
         self.updates += 1
         if int(self.updates) % self.reward_scale_interval == 0:
             self._rescale_rewards()
@@ -562,12 +541,16 @@ class VRACERLoss(ReplayLoss):
         b = (1.0 - rho_bar) * terms["value"] + rho_bar * q_end
         return a.squeeze(-1), b.squeeze(-1)
 
-    def _stored_recursion(self) -> tuple[EpisodeOrder, AffineSuffixTree]:
-        """Eq. 8's maps of every stored step in episode order, in a segment tree; rebuilt when steps were added
-        (or all stored values changed) since it was built, and kept current by :meth:`after_update`."""
+    def _eq8_maps_at(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_eq8_maps` of the stored steps ``slots``."""
+        return self._eq8_maps(self._eq8_terms(slots))
+
+    def _stored_recursion(self) -> EpisodeRecursion:
+        """Eq. 8's maps of every stored step in episode order, in a segment tree; built at the first query (and after
+        every stored value changed: fitting, a new ``sigma_r``), then kept current by :meth:`sync` (steps stored or
+        evicted) and :meth:`after_update` (values written back)."""
         if self._recursion is None:
-            order = EpisodeOrder(self.stored.links)
-            self._recursion = order, AffineSuffixTree(*self._eq8_maps(self._eq8_terms(order.slots)))
+            self._recursion = EpisodeRecursion(self.stored.links, self._eq8_maps_at)
         return self._recursion
 
     @torch.no_grad()
@@ -579,15 +562,14 @@ class VRACERLoss(ReplayLoss):
         ``rho``; ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 6 with ``Q := V``). These are the values
         Algorithm 3 would hold for ``k``: it recomputes a step's ``V^tbc`` whenever a later step of its
         episode is written back. ``V^tbc_{k+1}`` is the suffix of the episode-ordered recursion
-        (:class:`AffineSuffixTree`, the episode's last step cutting it), O(log n) per step instead of the
+        (:class:`EpisodeRecursion`, the episode's last step cutting it), O(log n) per step instead of the
         O(episode) of a backward pass."""
         self.sync(replay)
         return self._targets(slots, self._eq8_terms(slots))
 
     def _targets(self, slots: torch.Tensor, terms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`estimates` from the eq. 8 terms of ``slots``."""
-        order, tree = self._stored_recursion()
-        after = tree.suffix(order.rank[slots] + 1).to(terms["value"].dtype).unsqueeze(-1)  # V^tbc_{k+1}
+        after = self._stored_recursion().suffix_after(slots).to(terms["value"].dtype).unsqueeze(-1)  # V^tbc_{k+1}
         q_ret = terms["reward"] + self.gamma * torch.where(terms["last"], terms["bootstrap"], after)
         v_tbc = terms["value"] + terms["rho_bar"] * (q_ret - terms["value"])
         return v_tbc, q_ret
