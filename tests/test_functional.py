@@ -563,7 +563,7 @@ def test_affine_suffix_tree_matches_the_backward_loop_after_point_and_range_upda
         tree.set(where, a[where], b[where])
         torch.testing.assert_close(tree.suffix(everywhere), backward_loop(a.tolist(), b.tolist()), rtol=1e-12, atol=1e-12)
     # maps added after the n given (the room a larger tree leaves), and a run of them replaced
-    tree = AffineSuffixTree(a[: n // 2], b[: n // 2], size=4 * (tree.size))
+    tree = AffineSuffixTree(a[: n // 2], b[: n // 2], size=4 * tree.size)
     tree.set_range(n // 2, a[n // 2 :], b[n // 2 :])
     a[n // 3 :] = 0.99 * torch.rand(n - n // 3, generator=g, dtype=torch.float64)
     b[n // 3 :] = torch.randn(n - n // 3, generator=g, dtype=torch.float64)

@@ -35,17 +35,15 @@ class AffineSuffixTree:
 
     def __init__(self, a: Tensor, b: Tensor, size: int | None = None):
         n = a.shape[0]
-        self.n = n
         self.size = size or 1 << max(n, 1).bit_length()  # > n: position n is an identity leaf, x_n = 0
         if self.size <= n or self.size & (self.size - 1):
             raise ValueError(f"AffineSuffixTree: size={self.size} must be a power of two above the {n} maps")
         self.depth = self.size.bit_length() - 1
         self._tiny = np.finfo(np.float64).tiny ** 0.5
-        self.a = np.ones(2 * self.size)
+        self.a = np.ones(2 * self.size)  # every node the identity, so the nodes above identity leaves are composed
         self.b = np.zeros(2 * self.size)
-        self.a[self.size : self.size + n] = _numpy(a)
-        self.b[self.size : self.size + n] = _numpy(b)
-        self._recompose(0, self.size)
+        self.n = 0
+        self.set_range(0, a, b)  # O(n), however much room the tree leaves after the maps
 
     def _recompose(self, lo: int, hi: int) -> None:
         """Recompose every ancestor of leaves ``[lo, hi)``, level by level: at each level the parents of a run of
