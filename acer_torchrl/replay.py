@@ -135,7 +135,9 @@ class EpisodeReplay:
         def storage(subdir: str | None = None):
             if scratch_dir is None:
                 return LazyTensorStorage(capacity)
-            return LazyMemmapStorage(capacity, scratch_dir=str(Path(scratch_dir, subdir) if subdir else scratch_dir))
+            # existsok: a resumed run writes over the files its killed predecessor left (the checkpoint has its own)
+            path = Path(scratch_dir, subdir) if subdir else Path(scratch_dir)
+            return LazyMemmapStorage(capacity, scratch_dir=str(path), existsok=True)
 
         self.buffer = TensorDictReplayBuffer(storage=storage())
         # next observations of chunk ends, a ring written in slot order (its entries are only touched when

@@ -114,13 +114,15 @@ def test_replay_keeps_behaviour_statistics_but_not_the_policy_activations(tmp_pa
         assert "recurrent_state_h" in stored.keys() and ("next", "recurrent_state_h") in stored.keys(True)
 
 
-def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_registered):
-    """SIGKILL a run after its first checkpoint; resume=<run_dir> continues from that checkpoint."""
+@pytest.mark.parametrize("memmap", [False, True], ids=["in-RAM", "memmap"])
+def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_registered, memmap):
+    """SIGKILL a run after its first checkpoint; resume=<run_dir> continues from that checkpoint (with a memory-
+    mapped replay too, whose scratch files the killed run left in the run directory)."""
     code = ("import sys; from acer_torchrl import algorithms, cli; algorithms.REGISTRY['probe'] = 'test_pipeline'; "
             "sys.exit(cli.main('probe'))")
     args = [sys.executable, "-c", code,
             f"run_dir={tmp_path}", "total_frames=100000", "collector.workers=2", "log.checkpoint_interval=256",
-            "eval.interval=100000", *FAST]
+            "eval.interval=100000", f"replay.memmap={str(memmap).lower()}", *FAST]
     proc = subprocess.Popen(args, cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ)
     deadline = time.time() + 120

@@ -123,7 +123,11 @@ def test_observations_are_stored_once(tmp_path, memmap):
     other = EpisodeReplay(40, seed=0, scratch_dir=tmp_path / "other" if memmap else None)
     other.load(tmp_path / "saved")
     assert other.successor_keys == ("observation",) and other.end_entries_written == rb.end_entries_written
-    check_next_observations(other)
+    kept = check_next_observations(other)
+    if memmap:  # a resumed run: a new process's replay on the scratch files the killed one left behind
+        again = EpisodeReplay(40, seed=0, scratch_dir=tmp_path / "storage")
+        again.load(tmp_path / "saved")
+        assert (check_next_observations(again) == kept).all()
 
 
 def test_trajectories_are_cut_where_the_collector_dropped_steps():
