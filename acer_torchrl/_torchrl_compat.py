@@ -78,7 +78,9 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
 
 Not TorchRL, noted for completeness: ``torch._foreach_lerp_`` / ``torch._foreach_copy_`` (the fused updates
 above) are underscore-named torch functions, stable in practice (``torch.optim`` uses them) but not
-documented API.
+documented API. tensordict's ``TensorDictModule._kwargs`` (None unless the module was built with a dict of ``in_keys``,
+whose inputs then go in as keywords) is read by ``objectives/common.py``'s ``TensorCall.of``, inline: the losses
+import nothing of the package outside ``objectives/`` (``tests/test_plain_torchrl_loop.py``).
 """
 
 from __future__ import annotations

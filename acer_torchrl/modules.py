@@ -27,6 +27,7 @@ from torchrl.envs.utils import ExplorationType, exploration_type
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
 from acer_torchrl.objectives.common import policy_keys
 from acer_torchrl.objectives.names import BEHAVIOUR
+from acer_torchrl.objectives.vracer import truncated_normal_log_prob, truncated_normal_sample, truncation_log_z
 
 
 class _SoftsignFunction(torch.autograd.Function):
@@ -192,19 +193,21 @@ class GaussianHead(nn.Module):
 class BehaviourSampler(nn.Module):
     """The acting policy's last step: the action drawn from the behaviour statistics and its log-probability.
 
-    Categorical logits, or a diagonal Gaussian's ``loc`` and ``scale``. Under a greedy exploration type
-    (``ExplorationType.DETERMINISTIC``, ``MODE`` or ``MEAN``: what evaluation sets) the action is the argmax
-    / the mean; otherwise (``RANDOM``, or none set) a sample, drawn as ``Categorical.sample`` /
-    ``Normal.sample`` draw it. It stands in for ``ProbabilisticActor`` on the acting path, which rebuilds a
-    distribution object and its TensorDict plumbing at every env step: ~0.4 of the ~1 ms a CartPole policy
-    call costs per step (``benchmarks/results/learner.md``).
+    Categorical logits, or a diagonal Gaussian's ``loc`` and ``scale`` (with ``truncation``: the normal truncated at
+    that many std, V-RACER's App. A). Under a greedy exploration type (``ExplorationType.DETERMINISTIC``, ``MODE`` or
+    ``MEAN``: what evaluation sets) the action is the argmax / the mean; otherwise (``RANDOM``, or none set) a
+    sample, drawn as ``Categorical.sample`` / ``Normal.sample`` / ``TruncatedGaussian.sample`` draw it. It stands
+    in for ``ProbabilisticActor`` on the acting path, which rebuilds a distribution object and its TensorDict
+    plumbing at every env step: ~0.4 of the ~1 ms a CartPole policy call costs per step
+    (``benchmarks/results/learner.md``).
     """
 
     GREEDY = (ExplorationType.DETERMINISTIC, ExplorationType.MODE, ExplorationType.MEAN)
 
-    def __init__(self, discrete: bool):
+    def __init__(self, discrete: bool, truncation: float | None = None):
         super().__init__()
         self.discrete = discrete
+        self.truncation = truncation
 
     def forward(self, *stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         greedy = exploration_type() in self.GREEDY
@@ -217,6 +220,9 @@ class BehaviourSampler(nn.Module):
                 action = torch.multinomial(flat, 1, True).reshape(log_p.shape[:-1])
             return action, log_p.gather(-1, action.unsqueeze(-1)).squeeze(-1)
         loc, scale = stats
+        if self.truncation is not None:
+            action = loc if greedy else truncated_normal_sample(loc, scale, self.truncation)
+            return action, truncated_normal_log_prob(action, loc, scale, truncation_log_z(self.truncation))
         action = loc if greedy else torch.normal(loc, scale)
         return action, torch.distributions.Normal(loc, scale, validate_args=False).log_prob(action).sum(-1)
 

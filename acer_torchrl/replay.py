@@ -62,6 +62,11 @@ def available_memory() -> int | None:
     return None
 
 
+def _rows(stored: torch.Tensor | TensorDictBase, idx: torch.Tensor) -> torch.Tensor | TensorDictBase:
+    """The rows ``idx`` of a stored column (a regular tensor even from a memory-mapped one), or of a sub-TensorDict."""
+    return stored.index_select(0, idx) if isinstance(stored, torch.Tensor) else stored[idx]
+
+
 def check_memory(capacity: int, nbytes: int, what: str) -> None:
     """A one-line :class:`ConfigError` when ``nbytes`` (``what`` of a replay of ``capacity`` steps) exceed the
     available memory: an allocation that large gets the process killed by the kernel, with no message."""
@@ -294,8 +299,13 @@ class EpisodeReplay:
         rebuilt = [k for k in self.successor_keys or () if keys is None or ("next", k) in keys]
         if keys is None:
             data = self.buffer.storage.get(flat_idx)
-        else:
-            data = stored_tensordict(self.buffer.storage).select(*keys, strict=False)[flat_idx]
+        else:  # one index_select per stored column: a third of the time TensorDict's own indexing takes
+            stored = stored_tensordict(self.buffer.storage)
+            data = TensorDict(
+                {key: _rows(stored.get(key), flat_idx) for key in keys if key in stored.keys(True)},
+                batch_size=flat_idx.shape,
+                device=stored.device,
+            )
         for key in rebuilt:
             data.set(("next", key), self._next_value(key, flat_idx))
         return data

@@ -12,16 +12,14 @@ import math
 import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
-from torchrl.envs.utils import ExplorationType
-from torchrl.modules import ProbabilisticActor
 
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm, loss_options
 from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
-from acer_torchrl.modules import GaussianHead, MLPEncoder, learning_module, make_torso
+from acer_torchrl.modules import BehaviourSampler, GaussianHead, MLPEncoder, learning_module, make_torso
 from acer_torchrl.objectives.names import BEHAVIOUR
-from acer_torchrl.objectives.vracer import Standardize, TruncatedGaussian, VRACERLoss
+from acer_torchrl.objectives.vracer import Standardize, VRACERLoss
 from acer_torchrl.settings.vracer import DEFAULT_PRESET, PRESETS, VRACERConfig
 
 
@@ -82,20 +80,16 @@ class _PolicyStats(nn.Module):
         return self.head(core)[1:]
 
 
-def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float) -> ProbabilisticActor:
-    """The torso and the head's policy outputs writing ``("behaviour", "loc"/"scale")``, then a sampler of
-    the truncated normal writing ``"action"`` and ``("behaviour", "log_prob")`` (Algorithm 2)."""
-    stats = TensorDictModule(_PolicyStats(head), in_keys=["core"], out_keys=[(BEHAVIOUR, "loc"), (BEHAVIOUR, "scale")])
-    return ProbabilisticActor(
-        TensorDictSequential(*network, stats),
-        in_keys={"loc": (BEHAVIOUR, "loc"), "scale": (BEHAVIOUR, "scale")},
-        out_keys=["action"],
-        distribution_class=TruncatedGaussian,
-        distribution_kwargs={"width": width},
-        return_log_prob=True,
-        log_prob_key=(BEHAVIOUR, "log_prob"),
-        default_interaction_type=ExplorationType.RANDOM,
+def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float) -> TensorDictSequential:
+    """The torso and the head's policy outputs writing ``("behaviour", "loc"/"scale")``, then a draw of the
+    truncated normal writing ``"action"`` and ``("behaviour", "log_prob")`` (Algorithm 2; the mean under a greedy
+    exploration type)."""
+    stat_keys = [(BEHAVIOUR, "loc"), (BEHAVIOUR, "scale")]
+    stats = TensorDictModule(_PolicyStats(head), in_keys=["core"], out_keys=stat_keys)
+    sampler = TensorDictModule(
+        BehaviourSampler(discrete=False, truncation=width), in_keys=stat_keys, out_keys=["action", (BEHAVIOUR, "log_prob")]
     )
+    return TensorDictSequential(*network, stats, sampler)
 
 
 def build(cfg: Config, info: EnvInfo) -> Agent:

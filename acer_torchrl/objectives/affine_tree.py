@@ -63,16 +63,17 @@ class AffineSuffixTree:
         a[a <= self._tiny] = 0.0
         return a
 
-    def set(self, positions: Tensor, a: Tensor, b: Tensor) -> None:
+    def set(self, positions: Tensor | np.ndarray, a: Tensor | np.ndarray, b: Tensor | np.ndarray) -> None:
         """Replace the maps at ``positions`` (``[k]``; repeated positions must carry equal maps)."""
-        nodes = _numpy(positions) + self.size
-        self.a[nodes] = _numpy(a)
-        self.b[nodes] = _numpy(b)
-        for _ in range(self.depth):
-            nodes = nodes >> 1
-            self._compose(nodes, 2 * nodes, 2 * nodes + 1)
+        leaves = _numpy(positions) + self.size
+        self.a[leaves] = _numpy(a)
+        self.b[leaves] = _numpy(b)
+        ancestors = leaves[None, :] >> np.arange(1, self.depth + 1)[:, None]  # [depth, k], from the leaves up
+        left = ancestors << 1
+        for nodes, left_children, right_children in zip(ancestors, left, left | 1):
+            self._compose(nodes, left_children, right_children)
 
-    def set_range(self, lo: int, a: Tensor, b: Tensor) -> None:
+    def set_range(self, lo: int, a: Tensor | np.ndarray, b: Tensor | np.ndarray) -> None:
         """Replace the maps at positions ``lo, lo + 1, ..., lo + k - 1`` (``a``, ``b``: ``[k]``); O(k + log n)."""
         hi = lo + a.shape[0]
         if hi >= self.size:  # position size - 1 stays free: a query one past the last map reads it
@@ -82,7 +83,7 @@ class AffineSuffixTree:
         self.n = max(self.n, hi)
         self._recompose(lo, hi)
 
-    def suffix(self, positions: Tensor) -> Tensor:
+    def suffix(self, positions: Tensor | np.ndarray) -> Tensor:
         """``x_i`` at ``positions`` (``[k]``, each in ``[0, n]``), float64.
 
         Walking up from leaf ``i``, the map composed so far covers ``i`` to the end of the current node's
@@ -102,7 +103,9 @@ class AffineSuffixTree:
         return torch.from_numpy(self.b[leaves] + (reach * sibling_b).sum(0))
 
 
-def _numpy(x: Tensor) -> np.ndarray:
-    """A CPU tensor as a NumPy array (positions int64, maps float64)."""
-    x = x.detach().cpu()
-    return x.numpy() if not x.is_floating_point() else x.to(torch.float64).numpy()
+def _numpy(x: Tensor | np.ndarray) -> np.ndarray:
+    """A tensor or array as a NumPy array (positions int64, maps float64)."""
+    if isinstance(x, Tensor):
+        x = x.detach().cpu()
+        return x.numpy() if not x.is_floating_point() else x.to(torch.float64).numpy()
+    return x.astype(np.float64, copy=False) if x.dtype.kind == "f" else x

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictSequential
 from tensordict.utils import NestedKey
 from torchrl.modules import set_recurrent_mode
 from torchrl.modules.distributions import IndependentNormal
@@ -63,6 +64,43 @@ class ReplayLoss(LossModule):
     def lr_scale(self) -> float:
         """Multiplier of ``optim.lr`` for the next optimiser step (annealing, e.g. ReF-ER eq. 13)."""
         return 1.0
+
+
+class TensorCall:
+    """A network of plain ``TensorDictModule`` objects (in a ``TensorDictSequential``, nested or not) called on tensors:
+    each module's ``nn.Module`` on the tensors of its ``in_keys``, its outputs kept under its ``out_keys``, the
+    same computation as the TensorDict call without its dispatch (key look-ups, a TensorDict for every module's
+    outputs: ~0.1 ms a call, a third of a 2x128 MLP's forward at batch 256 on one core).
+
+    :meth:`of` returns None for any other network (an LSTM core, a probabilistic module, a module with keyword
+    inputs): call that one with a TensorDict.
+    """
+
+    def __init__(self, steps: list[tuple[torch.nn.Module, list[NestedKey], list[NestedKey]]]):
+        self.steps = steps
+
+    @classmethod
+    def of(cls, network: torch.nn.Module) -> TensorCall | None:
+        steps = []
+
+        def flatten(module) -> bool:
+            if type(module) is TensorDictSequential and not module.partial_tolerant:
+                return all(flatten(m) for m in module.module)
+            # tensordict's private _kwargs: not None for a module built with a dict of in_keys (keyword inputs)
+            if type(module) is TensorDictModule and getattr(module, "_kwargs", None) is None:
+                steps.append((module.module, list(module.in_keys), list(module.out_keys)))
+                return True
+            return False
+
+        return cls(steps) if flatten(network) else None
+
+    def __call__(self, inputs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
+        """The outputs of every module (and the inputs), by key."""
+        values = dict(inputs)
+        for module, in_keys, out_keys in self.steps:
+            out = module(*(values[k] for k in in_keys))
+            values.update(zip(out_keys, out if isinstance(out, tuple) else (out,), strict=True))
+        return values
 
 
 def policy_keys(discrete: bool) -> list[str]:

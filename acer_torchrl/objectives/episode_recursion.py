@@ -29,7 +29,7 @@ import torch
 from acer_torchrl.objectives.affine_tree import AffineSuffixTree
 from acer_torchrl.objectives.stored_estimates import EpisodeLinks
 
-Maps = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # slots [k] -> the recursion's (a, b) there, [k] each
+Maps = Callable[[np.ndarray], tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]]  # slots [k] -> (a, b) there, [k] each
 
 
 class EpisodeRecursion:
@@ -46,7 +46,7 @@ class EpisodeRecursion:
 
     def __init__(self, links: EpisodeLinks, maps: Maps):
         self.capacity = links.alive.shape[0]
-        self.rank = torch.full((self.capacity,), -1, dtype=torch.long)
+        self.rank = np.full(self.capacity, -1, dtype=np.int64)
         self.rebuild(links, maps)
 
     def _key(self, links: EpisodeLinks, slots: np.ndarray) -> np.ndarray:
@@ -63,9 +63,9 @@ class EpisodeRecursion:
         self.keys = np.full(self.size, -1, dtype=np.int64)
         self.layout[:n], self.keys[:n] = alive[order], keys[order]
         self.start, self.end = 0, n
-        self.rank.fill_(-1)
-        self.rank[torch.from_numpy(self.layout[:n])] = torch.arange(n)
-        a, b = maps(torch.from_numpy(self.layout[:n]))
+        self.rank.fill(-1)
+        self.rank[self.layout[:n]] = np.arange(n)
+        a, b = maps(self.layout[:n])
         self.tree = AffineSuffixTree(a, b, size=self.size)
 
     def refresh(self, links: EpisodeLinks, new: torch.Tensor, maps: Maps) -> None:
@@ -84,9 +84,9 @@ class EpisodeRecursion:
                 return self.rebuild(links, maps)
             order = np.argsort(keys)
             self.layout[at:end], self.keys[at:end] = slots[order], keys[order]
-            self.rank[torch.from_numpy(self.layout[at:end])] = torch.arange(at, end)
+            self.rank[self.layout[at:end]] = np.arange(at, end)
             self.end = end
-            self.tree.set_range(at, *maps(torch.from_numpy(self.layout[at:end])))
+            self.tree.set_range(at, *maps(self.layout[at:end]))
         if self.end - self.start != int(links.alive.sum()):  # an eviction that was not the oldest episodes
             self.rebuild(links, maps)
 
@@ -99,17 +99,17 @@ class EpisodeRecursion:
             slots = self.layout[self.start : self.start + window]
             gone = ~alive[slots] | (self._key(links, slots) != self.keys[self.start : self.start + slots.size])
             dropped = slots.size if gone.all() else int(np.argmin(gone))
-            self.rank[torch.from_numpy(slots[:dropped])] = -1
+            self.rank[slots[:dropped]] = -1
             self.start += dropped
             if dropped < slots.size:
                 return
             window *= 2
 
-    def suffix_after(self, slots: torch.Tensor) -> torch.Tensor:
+    def suffix_after(self, slots: np.ndarray | torch.Tensor) -> torch.Tensor:
         """``x`` at the step after each of ``slots`` in its episode (float64 ``[k]``; meaningless for an episode's
         last stored step, whose successor is not in the layout)."""
-        return self.tree.suffix(self.rank[slots] + 1)
+        return self.tree.suffix(self.rank[np.asarray(slots)] + 1)
 
-    def set(self, slots: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    def set(self, slots: np.ndarray | torch.Tensor, a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor) -> None:
         """New maps at ``slots`` (stored steps, laid out)."""
-        self.tree.set(self.rank[slots], a, b)
+        self.tree.set(self.rank[np.asarray(slots)], a, b)

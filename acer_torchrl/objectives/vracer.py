@@ -46,11 +46,11 @@ from tensordict.utils import NestedKey
 from torch import distributions as D
 from torch import nn
 
-from acer_torchrl.objectives.common import ReplayLoss, masked_mean, padding_mask
+from acer_torchrl.objectives.common import ReplayLoss, TensorCall, masked_mean, padding_mask
 from acer_torchrl.objectives.episode_recursion import EpisodeRecursion
 from acer_torchrl.objectives.names import BEHAVIOUR, MASK_KEY, SLOT_KEY, WRITE_KEY
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
-from acer_torchrl.objectives.stored_estimates import EpisodeStore, SlotEstimates, write_index
+from acer_torchrl.objectives.stored_estimates import EpisodeStore, SlotEstimates, as_array, write_index
 
 STORED = "vracer"  # root of a sampled batch's stored estimates (added by before_update)
 VALUE, RHO, NEXT_VALUE, VTBC, QRET = "value", "rho", "next_value", "vtbc", "qret"  # the last two: computed when sampled
@@ -99,6 +99,14 @@ def truncated_normal_log_prob(action: torch.Tensor, loc: torch.Tensor, scale: to
     return (-0.5 * z.pow(2) - scale.log()).sum(-1) - action.shape[-1] * (_LOG_SQRT_2PI + log_z)
 
 
+def truncated_normal_sample(loc: torch.Tensor, scale: torch.Tensor, width: float) -> torch.Tensor:
+    """A draw of ``loc.shape`` from the normal ``N(loc, scale)`` truncated at ``width`` std from its mean (App. A), by
+    the inverse CDF of a uniform draw inside the truncation's quantiles."""
+    edge = torch.special.ndtr(torch.tensor(-width, dtype=loc.dtype)).item()
+    u = torch.empty(loc.shape, dtype=loc.dtype, device=loc.device).uniform_(edge, 1.0 - edge)
+    return loc + scale * torch.special.ndtri(u)
+
+
 class TruncatedGaussian(D.Independent):
     """Diagonal normal truncated at ``width`` std from its mean in every component (App. A).
 
@@ -117,10 +125,7 @@ class TruncatedGaussian(D.Independent):
 
     def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
         base = self.base_dist
-        shape = self._extended_shape(sample_shape)
-        edge = torch.special.ndtr(torch.tensor(-self.width, dtype=base.loc.dtype)).item()
-        u = torch.empty(shape, dtype=base.loc.dtype, device=base.loc.device).uniform_(edge, 1.0 - edge)
-        return base.loc + base.scale * torch.special.ndtri(u)
+        return truncated_normal_sample(base.loc.expand(self._extended_shape(sample_shape)), base.scale, self.width)
 
     def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
         with torch.no_grad():
@@ -269,6 +274,7 @@ class VRACERLoss(ReplayLoss):
     ):
         super().__init__()
         self.network = network
+        self._tensor_call = TensorCall.of(network)  # None: called with TensorDicts
         self.normalizer = normalizer
         self.refer = ReFER(C=C, A=A, D=D, lr=lr, rule1=rule1, rule2=rule2)
         self.gamma = gamma
@@ -285,7 +291,7 @@ class VRACERLoss(ReplayLoss):
         self._pending_updates = 0.0  # gradient steps owed to the env steps collected (F, App. A)
         self.stored = SlotEstimates()  # V, rho, V(s_{k+1}), r and terminal of every stored step, by slot
         self._recursion: EpisodeRecursion | None = None  # eq. 8 over the stored steps (None: to be built)
-        self._drawn: tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | slice] | None = None  # see before_update
+        self._drawn: tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | slice] | None = None  # see before_update
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         """No value estimator object: the V^tbc recursion runs on the replay's stored estimates."""
@@ -330,39 +336,42 @@ class VRACERLoss(ReplayLoss):
         ]
 
     # ------------------------------------------------------------------ network evaluations
-    def _evaluate(self, td: TensorDictBase) -> TensorDictBase:
-        """The network on a copy of ``td``'s observation keys."""
-        return self.network(td.select(*self.network.in_keys))
-
-    def _log_rho(self, td: TensorDictBase, out: TensorDictBase) -> torch.Tensor:
-        """``log rho = log pi(a|s) - log mu(a|s)`` of the network outputs ``out``, ``[*td.shape, 1]``."""
+    def _outputs(self, td: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``V(s)``, the mean and the std of the network at the observation keys of ``td``."""
         keys = self.tensor_keys
-        log_pi = truncated_normal_log_prob(td.get(keys.action), out.get(keys.loc), out.get(keys.scale), self._log_z)
+        if self._tensor_call is not None:  # the same modules on tensors, without TensorDict dispatch
+            out = self._tensor_call({k: td.get(k) for k in self.network.in_keys})
+        else:
+            out = self.network(td.select(*self.network.in_keys))
+        return out[keys.value], out[keys.loc], out[keys.scale]
+
+    def _log_rho(self, td: TensorDictBase, loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """``log rho = log pi(a|s) - log mu(a|s)`` for the policy ``(loc, scale)``, ``[*td.shape, 1]``."""
+        keys = self.tensor_keys
+        log_pi = truncated_normal_log_prob(td.get(keys.action), loc, scale, self._log_z)
         return (log_pi - td.get(keys.behaviour_log_prob).reshape(log_pi.shape)).unsqueeze(-1)
 
     @torch.no_grad()
     def _next_value(self, td: TensorDictBase) -> torch.Tensor:
         """``V(s_{k+1})`` from ``("next", observation)`` (bootstrap of an episode's last stored step)."""
-        out = self._evaluate(td.get("next"))
-        return out.get(self.tensor_keys.value)
+        return self._outputs(td.get("next"))[0]
 
     @torch.no_grad()
     def _fresh_estimates(self, td: TensorDictBase) -> dict[str, torch.Tensor]:
         """``V(s_k)``, ``rho_k``, ``V(s_{k+1})`` of the current network for the steps of ``td``, each ``[*td.shape]``
         on the CPU (beside the replay, whatever the learner's device)."""
         td = td.to(self.reward_scale.device)
-        out = self._evaluate(td)
-        fresh = {VALUE: out.get(self.tensor_keys.value), RHO: self._log_rho(td, out).exp(), NEXT_VALUE: self._next_value(td)}
+        value, loc, scale = self._outputs(td)
+        fresh = {VALUE: value, RHO: self._log_rho(td, loc, scale).exp(), NEXT_VALUE: self._next_value(td)}
         return {name: value.reshape(td.shape).cpu() for name, value in fresh.items()}
 
     # ------------------------------------------------------------------ loss
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         keys = self.tensor_keys
-        out = self._evaluate(td)
-        value, loc, scale = out.get(keys.value), out.get(keys.loc), out.get(keys.scale)
+        value, loc, scale = self._outputs(td)
         mu = td.get(keys.behaviour)
         with torch.no_grad():
-            log_rho = self._log_rho(td, out)
+            log_rho = self._log_rho(td, loc, scale)
         loss_objective, loss_critic, loss_kl, kl, near = _ReFERTerms.apply(
             value, loc, scale, log_rho, td.get(keys.action), mu.get("loc"), mu.get("scale"),
             td[self._stored_key(VTBC)], td[self._stored_key(QRET)],  # added by before_update
@@ -383,7 +392,7 @@ class VRACERLoss(ReplayLoss):
                 "beta": self.refer.beta.clone(),
                 "c_max": torch.tensor(self.refer.c_max),
                 "reward_scale": self.reward_scale.clone(),
-                "policy_std": out.get(keys.scale).detach().mean(),  # env units, mean over action dims
+                "policy_std": scale.detach().mean(),  # env units, mean over action dims
             },
             batch_size=[],
         )
@@ -447,19 +456,19 @@ class VRACERLoss(ReplayLoss):
         draw and this look (the sample holds the old step, the stored estimates are now the new one's) is masked
         out of this update and not written back (:meth:`_still_stored`)."""
         self.sync(replay)  # in a shared replay, steps others wrote since this loss's last look
-        slots = sample.get(SLOT_KEY).reshape(-1).cpu()
+        slots = as_array(sample.get(SLOT_KEY)).reshape(-1)
         kept = self._still_stored(sample, slots)
-        if isinstance(kept, torch.Tensor):
-            sample.set(MASK_KEY, kept.reshape(sample.shape).to(sample.device))
+        if isinstance(kept, np.ndarray):
+            sample.set(MASK_KEY, torch.from_numpy(kept).reshape(sample.shape).to(sample.device))
         terms = self._eq8_terms(slots)
         v_tbc, q_ret = self._targets(slots, terms)
         next_value = self._bootstrap_values(replay, slots, terms)
         self._drawn = slots, terms, kept  # after_update's eq. 8 maps: these steps' terms with the written-back values
         for name, value in ((VTBC, v_tbc), (QRET, q_ret), (NEXT_VALUE, next_value)):
-            sample.set(self._stored_key(name), value.reshape(*sample.shape, 1).to(sample.device))
+            sample.set(self._stored_key(name), torch.from_numpy(value).reshape(*sample.shape, 1).to(sample.device))
         return sample
 
-    def _still_stored(self, sample: TensorDictBase, slots: torch.Tensor) -> torch.Tensor | slice:
+    def _still_stored(self, sample: TensorDictBase, slots: np.ndarray) -> np.ndarray | slice:
         """Which sampled steps still hold their slots as of the last :meth:`sync` (bool ``[k]``), or
         ``slice(None)`` when all do (always, but in a shared replay): the write that stored each when it was
         drawn (``"write_index"``, set by the replay's ``sample_steps``; a batch without it is taken as current)
@@ -467,21 +476,21 @@ class VRACERLoss(ReplayLoss):
         drawn_as = sample.get(WRITE_KEY, None)
         if drawn_as is None:
             return slice(None)
-        kept = write_index(slots, self.stored.synced, self.stored.capacity) == drawn_as.reshape(-1).cpu()
-        return slice(None) if bool(kept.all()) else kept
+        kept = write_index(slots, self.stored.synced, self.stored.capacity) == as_array(drawn_as).reshape(-1)
+        return slice(None) if kept.all() else kept
 
     @torch.no_grad()
-    def _bootstrap_values(self, replay: EpisodeStore, slots: torch.Tensor, terms: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _bootstrap_values(self, replay: EpisodeStore, slots: np.ndarray, terms: dict[str, np.ndarray]) -> np.ndarray:
         """``V(s_{k+1})`` of the sampled steps to write back, ``[k, 1]`` on the CPU: the current network's where
         ``k`` is its episode's last stored step and not terminal (eq. 8's bootstrap: the only place the stored
         ``V(s_{k+1})`` is read), the stored one elsewhere. Evaluated before the optimiser step, as Algorithm 3's
         write-back of the values of its gradient pass; ``s_{k+1}`` gathered and evaluated for those few steps
         only, not for every step of the batch."""
-        values = terms["next_value"].clone()
-        rows = (terms["last"] & ~terms["terminal"]).reshape(-1).nonzero().squeeze(-1)
-        if rows.numel():
-            ends = replay.gather(slots[rows], [("next", k) for k in self.network.in_keys])
-            values[rows] = self._next_value(ends.to(self.reward_scale.device)).cpu().to(values.dtype)
+        values = terms["next_value"].copy()
+        rows = np.flatnonzero(terms["last"] & ~terms["terminal"])
+        if rows.size:
+            ends = replay.gather(torch.from_numpy(slots[rows]), [("next", k) for k in self.network.in_keys])
+            values[rows] = as_array(self._next_value(ends.to(self.reward_scale.device))).reshape(-1)
         return values
 
     def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay: EpisodeStore) -> None:
@@ -493,7 +502,7 @@ class VRACERLoss(ReplayLoss):
         at the next :meth:`sync`, which overwrites what is written here.)"""
         slots, drawn, kept = self._drawn_for(sample)
         slots = slots[kept]
-        fresh = {name: output.get(out_key).reshape(-1).cpu()[kept] for name, out_key in _WRITTEN_BACK.items()}
+        fresh = {name: as_array(output.get(out_key)).reshape(-1)[kept] for name, out_key in _WRITTEN_BACK.items()}
         self.stored.write(slots, **fresh)
         if self._recursion is not None:
             # eq. 8's terms at the written slots: before_update's (reward, episode end, terminal: unchanged)
@@ -505,43 +514,44 @@ class VRACERLoss(ReplayLoss):
             self._rescale_rewards()
         self.refer.update_beta(*self.stored.written(RHO))
 
-    def _drawn_for(self, sample: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | slice]:
+    def _drawn_for(self, sample: TensorDictBase) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | slice]:
         """:meth:`before_update`'s slots, eq. 8 terms and kept rows for ``sample``."""
-        slots = sample.get(SLOT_KEY).reshape(-1).cpu()
-        if self._drawn is None or (self._drawn[0] is not slots and not torch.equal(self._drawn[0], slots)):
+        if self._drawn is None or not np.array_equal(self._drawn[0], as_array(sample.get(SLOT_KEY)).reshape(-1)):
             raise RuntimeError("VRACERLoss.after_update: the sample is not the one before_update prepared")
         return self._drawn
 
     # ------------------------------------------------------------------ stored estimates
-    def _eq8_terms(self, slots: torch.Tensor) -> dict[str, torch.Tensor]:
-        """What eq. 8 reads at ``slots``, each ``[k, 1]``: the stored ``V`` and ``rhō = min(1, rho)``, the
+    def _eq8_terms(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """What eq. 8 reads at ``slots``, each ``[k]``: the stored ``V`` and ``rhō = min(1, rho)``, the
         reward scaled by ``sigma_r`` (App. B), whether the step is its episode's last stored one, and the
-        bootstrap there (0 when terminal, else the stored ``V(s_{k+1})``)."""
-        terminal = self.stored.read(TERMINAL, slots).unsqueeze(-1)
+        bootstrap there (0 when terminal, else the stored ``V(s_{k+1})``). In NumPy, as the rest of the
+        stored-estimate bookkeeping: a few hundred entries an update, where a NumPy call costs ~1 us and a
+        torch call ~5 (the same float32 arithmetic)."""
+        terminal = self.stored.array(TERMINAL)[slots]
         return {
-            "reward": self.stored.read(REWARD, slots).unsqueeze(-1) / (float(self.reward_scale) + self.epsilon),
-            "last": (self.stored.links.next.index_select(0, slots) < 0).unsqueeze(-1),
+            "reward": self.stored.array(REWARD)[slots] / (float(self.reward_scale) + self.epsilon),
+            "last": self.stored.links.next.numpy()[slots] < 0,
             "terminal": terminal,
             **self._written_terms(slots, terminal),
         }
 
-    def _written_terms(self, slots: torch.Tensor, terminal: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _written_terms(self, slots: np.ndarray, terminal: np.ndarray) -> dict[str, np.ndarray]:
         """The terms of :meth:`_eq8_terms` that the write-back changes: the stored ``V``, ``rhō`` and ``V(s_{k+1})``,
         and the bootstrap (0 where ``terminal``)."""
-        value, rho, next_value = (self.stored.read(name, slots).unsqueeze(-1) for name in (VALUE, RHO, NEXT_VALUE))
-        bootstrap = torch.where(terminal, 0.0, next_value)
-        return {"value": value, "rho_bar": rho.clamp(max=1.0), "next_value": next_value, "bootstrap": bootstrap}
+        value, rho, next_value = (self.stored.array(name)[slots] for name in (VALUE, RHO, NEXT_VALUE))
+        bootstrap = np.where(terminal, 0.0, next_value)
+        return {"value": value, "rho_bar": np.minimum(rho, 1.0), "next_value": next_value, "bootstrap": bootstrap}
 
-    def _eq8_maps(self, terms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _eq8_maps(self, terms: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Eq. 8 as ``V^tbc_t = a_t V^tbc_{t+1} + b_t``: ``a_t = gamma rhō_t``, ``b_t = (1 - rhō_t) V_t +
         rhō_t r_{t+1}``; at an episode's last stored step ``a = 0`` and ``b`` adds ``rhō gamma V_boot``."""
         rho_bar, last = terms["rho_bar"], terms["last"]
-        q_end = terms["reward"] + self.gamma * torch.where(last, terms["bootstrap"], 0.0)
-        a = torch.where(last, 0.0, self.gamma * rho_bar)
+        q_end = terms["reward"] + self.gamma * np.where(last, terms["bootstrap"], 0.0)
+        a = np.where(last, 0.0, self.gamma * rho_bar)
         b = (1.0 - rho_bar) * terms["value"] + rho_bar * q_end
-        return a.squeeze(-1), b.squeeze(-1)
+        return a, b
 
-    def _eq8_maps_at(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _eq8_maps_at(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_eq8_maps` of the stored steps ``slots``."""
         return self._eq8_maps(self._eq8_terms(slots))
 
@@ -565,12 +575,13 @@ class VRACERLoss(ReplayLoss):
         (:class:`EpisodeRecursion`, the episode's last step cutting it), O(log n) per step instead of the
         O(episode) of a backward pass."""
         self.sync(replay)
-        return self._targets(slots, self._eq8_terms(slots))
+        slots = as_array(slots)
+        return tuple(torch.from_numpy(x).unsqueeze(-1) for x in self._targets(slots, self._eq8_terms(slots)))
 
-    def _targets(self, slots: torch.Tensor, terms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`estimates` from the eq. 8 terms of ``slots``."""
-        after = self._stored_recursion().suffix_after(slots).to(terms["value"].dtype).unsqueeze(-1)  # V^tbc_{k+1}
-        q_ret = terms["reward"] + self.gamma * torch.where(terms["last"], terms["bootstrap"], after)
+    def _targets(self, slots: np.ndarray, terms: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`estimates` from the eq. 8 terms of ``slots``, each ``[k]``."""
+        after = self._stored_recursion().suffix_after(slots).numpy().astype(terms["value"].dtype)  # V^tbc_{k+1}
+        q_ret = terms["reward"] + self.gamma * np.where(terms["last"], terms["bootstrap"], after)
         v_tbc = terms["value"] + terms["rho_bar"] * (q_ret - terms["value"])
         return v_tbc, q_ret
 
