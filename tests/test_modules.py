@@ -1,10 +1,19 @@
-"""The acting policy's sampler against torch's own distributions; the Softsign activation against torch's."""
+"""The acting policy's sampler against torch's own distributions (and V-RACER's truncated normal); the Softsign
+activation against torch's; a network called on tensors against its TensorDict call."""
+
+import math
 
 import pytest
 import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
 from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.modules import LSTMModule
 
 from acer_torchrl.modules import BehaviourSampler, Softsign
+from acer_torchrl.objectives.common import TensorCall
+from acer_torchrl.objectives.vracer import TruncatedGaussian
 
 
 def test_discrete_draws_are_categoricals_draws_with_their_log_prob():
@@ -37,6 +46,23 @@ def test_gaussian_draws_are_normals_draws_with_their_log_prob():
     torch.testing.assert_close(log_prob, dist.log_prob(expected))
 
 
+def test_truncated_draws_are_the_truncated_gaussians_draws_with_its_log_prob():
+    """V-RACER's acting policy (App. A): the same draws from the same generator state as ``TruncatedGaussian.sample``
+    (what ``ProbabilisticActor`` drew before), inside 3 std, and the truncated density's log-probability."""
+    loc, scale = torch.randn(6, 3), torch.rand(6, 3) + 0.1
+    torch.manual_seed(7)
+    action, log_prob = BehaviourSampler(discrete=False, truncation=3.0)(loc, scale)
+    torch.manual_seed(7)
+    dist = TruncatedGaussian(loc, scale, width=3.0)
+    expected = dist.sample()
+    assert torch.equal(action, expected) and ((action - loc).abs() <= 3 * scale).all()
+    torch.testing.assert_close(log_prob, dist.log_prob(expected), rtol=0, atol=0)
+    normal = torch.distributions.Normal(loc, scale).log_prob(action).sum(-1)  # minus d log Z, Z = erf(3 / sqrt 2)
+    torch.testing.assert_close(log_prob, normal - 3 * math.log(math.erf(3 / math.sqrt(2))))
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        assert torch.equal(BehaviourSampler(discrete=False, truncation=3.0)(loc, scale)[0], loc)
+
+
 @pytest.mark.parametrize("kind", [ExplorationType.DETERMINISTIC, ExplorationType.MODE, ExplorationType.MEAN])
 def test_greedy_under_deterministic_exploration(kind):
     logits = torch.randn(4, 3)
@@ -64,3 +90,27 @@ def test_softsign_values_and_gradient_are_torchs_and_the_derivative_of_x_over_1_
     torch.testing.assert_close(ours_grad, reference_grad, rtol=1e-14, atol=0)
     torch.testing.assert_close(ours_grad, grad_out / (1 + x.detach().abs()) ** 2, rtol=1e-14, atol=0)
     assert torch.autograd.gradcheck(Softsign(), (x[:5, :3].detach().clone().requires_grad_(True),))
+
+
+def test_a_network_called_on_tensors_gives_its_tensordict_calls_outputs_and_gradients():
+    torch.manual_seed(0)
+    body = TensorDictModule(nn.Sequential(nn.Linear(4, 8), Softsign()), in_keys=["observation"], out_keys=["hidden"])
+    heads = TensorDictModule(lambda h: (h.sum(-1, keepdim=True), 2 * h), in_keys=["hidden"], out_keys=["value", ("out", "x")])
+    network = TensorDictSequential(TensorDictSequential(body), heads)
+    obs = torch.randn(5, 4)
+    td = network(TensorDict({"observation": obs}, batch_size=[5]))
+    out = TensorCall.of(network)({"observation": obs})
+    for key in ("hidden", "value", ("out", "x")):
+        torch.testing.assert_close(out[key], td.get(key), rtol=0, atol=0)
+    (grad,) = torch.autograd.grad(out["value"].sum(), body.module[0].weight)
+    (expected,) = torch.autograd.grad(td.get("value").sum(), body.module[0].weight)
+    torch.testing.assert_close(grad, expected, rtol=0, atol=0)
+
+
+def test_networks_that_need_a_tensordict_are_not_called_on_tensors():
+    """A recurrent core, a module taking keyword inputs: the loss calls these with a TensorDict."""
+    lstm = LSTMModule(input_size=4, hidden_size=8, in_key="observation", out_key="core")
+    assert TensorCall.of(TensorDictSequential(lstm)) is None
+    keywords = TensorDictModule(lambda x: x, in_keys={"x": "observation"}, out_keys=["y"])
+    assert TensorCall.of(keywords) is None
+    assert TensorCall.of(TensorDictModule(lambda x: x, in_keys=["observation"], out_keys=["y"])) is not None

@@ -17,7 +17,7 @@ from acer_torchrl.cli import run
 from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.objectives.functional import refer_beta_update
-from acer_torchrl.objectives.refer import ReFER, gaussian_kl
+from acer_torchrl.objectives.refer import FarPolicyCount, ReFER, gaussian_kl
 from acer_torchrl.algorithms.vracer import build
 from acer_torchrl.objectives.vracer import TruncatedGaussian
 from acer_torchrl.replay import EpisodeReplay
@@ -391,6 +391,30 @@ def test_far_share_counts_only_the_stored_slots():
     assert float(refer.far_share(rho)) == pytest.approx(4 / 6)
     assert float(refer.far_share(rho, stored)) == pytest.approx(2 / 4)
     assert float(refer.far_share(rho, torch.zeros(6, dtype=torch.bool))) == 0.0
+
+
+def test_far_count_kept_between_updates_equals_a_count_over_the_replay():
+    """eq. 12's n_far / N kept by FarPolicyCount through write-backs (repeated slots among them), new steps (a new
+    version of the column) and a moving c_max, against counting every stored weight afresh each time."""
+    g = torch.Generator().manual_seed(0)
+    rho = torch.exp(1.5 * torch.randn(300, generator=g)).numpy()
+    alive = (torch.rand(300, generator=g) < 0.8).numpy()
+    count, version, c_max = FarPolicyCount(), 0, 5.0
+    for update in range(200):
+        if update % 20 == 19:  # a collected batch: new steps stored (every other one also advances c_max)
+            new = torch.randint(300, (30,), generator=g).numpy()
+            rho[new] = torch.exp(1.5 * torch.randn(30, generator=g)).numpy()
+            alive[new] = True
+            version, c_max = version + 1, c_max * (0.97 if update % 40 == 39 else 1.0)
+        slots = torch.randint(300, (64,), generator=g).numpy()
+        slots = slots[alive[slots]]
+        slots[:8] = slots[0]  # a step drawn more than once
+        rho[slots] = torch.exp(1.5 * torch.randn(slots.size, generator=g)).numpy()
+        rho[slots[:8]] = rho[slots[0]]  # one step, one weight
+        count.rewritten(slots, rho, version, version + 1)
+        version += 1
+        n_far = sum(1 for r, a in zip(rho, alive) if a and (r <= 1 / c_max or r >= c_max))
+        assert count.share(rho, alive, c_max, version) == n_far / alive.sum()
 
 
 def test_beta_follows_eq12_and_annealing_follows_eq13():

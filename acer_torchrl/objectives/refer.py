@@ -153,8 +153,54 @@ class ReFER(nn.Module):
         """One step of eq. 12 from the far-policy fraction of ``stored_rho`` (the replay's latest weights; those
         where ``where`` holds when given, e.g. the slots holding a step), with the annealed learning rate
         ``eta(t)`` as step size. Without Rule 2 ``beta`` stays 1."""
-        self.far_fraction.copy_(self.far_share(stored_rho, where))
+        self.step_beta(self.far_share(stored_rho, where))
+
+    @torch.no_grad()
+    def step_beta(self, far_fraction: Tensor | float) -> None:
+        """:meth:`update_beta` from the far-policy fraction ``n_far / N`` already counted (e.g. by a
+        :class:`FarPolicyCount`)."""
+        self.far_fraction.fill_(far_fraction)
         if not self.rule2:
             return
         eta = self.lr * self.lr_scale
         self.beta.copy_(refer_beta_update(self.beta, self.far_fraction, self.D, eta))
+
+
+class FarPolicyCount:
+    """``n_far`` and ``N`` of eq. 12 over a replay's stored weights, kept between ``beta`` updates.
+
+    Counting far-policy weights over the whole replay after every update costs ~0.1 ms at 2^18 stored steps, yet
+    between two counts the classification changes only where weights were written back: ``c_max`` (eq. 13)
+    moves with the env steps, i.e. once per collected batch, not per update. So the count is taken afresh when
+    ``c_max`` or the stored column's version changed (:meth:`share`), and otherwise corrected at the rewritten
+    slots only (:meth:`rewritten`). The same numbers as :meth:`ReFER.far_share` over the column.
+    """
+
+    def __init__(self):
+        self.far = np.zeros(0, dtype=bool)  # per slot: holds a step whose weight is far-policy at the key's c_max
+        self.n_far = self.n = 0
+        self.key: tuple[float, int] | None = None  # (c_max, version of the column) the count is for
+
+    @staticmethod
+    def _is_far(rho: np.ndarray, c_max: float) -> np.ndarray:
+        return (rho <= 1.0 / c_max) | (rho >= c_max)
+
+    def share(self, rho: np.ndarray, alive: np.ndarray, c_max: float, version: int) -> float:
+        """``n_far / N`` among the ``alive`` weights ``rho`` (one per slot) at cut-off ``c_max``; ``version`` changes
+        whenever ``rho`` or ``alive`` change other than through :meth:`rewritten`."""
+        if self.key != (c_max, version):
+            self.far = self._is_far(rho, c_max) & alive
+            self.n_far, self.n = int(np.count_nonzero(self.far)), int(np.count_nonzero(alive))
+            self.key = (c_max, version)
+        return self.n_far / self.n if self.n else 0.0
+
+    def rewritten(self, slots: np.ndarray, rho: np.ndarray, before: int, after: int) -> None:
+        """The weights at ``slots`` (stored steps; repeats allowed) were rewritten in ``rho``, taking the column from
+        version ``before`` to ``after`` and changing nothing else; a count not of ``before`` is left to be retaken."""
+        if self.key is None or self.key[1] != before:
+            return
+        slots = np.unique(slots)
+        now = self._is_far(rho[slots], self.key[0])
+        self.n_far += int(np.count_nonzero(now)) - int(np.count_nonzero(self.far[slots]))
+        self.far[slots] = now
+        self.key = (self.key[0], after)

@@ -58,6 +58,7 @@ class SlotEstimates:
         self.capacity = 0
         self.synced = 0  # the replay's steps_written at the last sync
         self.links: EpisodeLinks | None = None
+        self.version = 0  # changes with every write, sync and load (a reader's cue to recount what it derived)
 
     def sync(self, replay: EpisodeStore) -> torch.Tensor | None:
         """The alive slots written since the last sync (every alive slot the first time), ascending by write;
@@ -67,6 +68,7 @@ class SlotEstimates:
         if replay.capacity != self.capacity:  # a first look (or another replay): everything is new
             self.columns, self.capacity, self.synced = {}, replay.capacity, 0
         written, self.links = replay.episode_links()
+        self.version += 1
         slots = torch.arange(max(self.synced, written - self.capacity), written) % self.capacity
         self.synced = written
         return slots[self.links.alive[slots]]
@@ -92,6 +94,7 @@ class SlotEstimates:
     def write(self, slots: torch.Tensor | np.ndarray, **values: torch.Tensor | np.ndarray) -> None:
         """``values[name]`` (``[*slots.shape]`` or ``[*slots.shape, 1]``) into column ``name`` at ``slots``."""
         slots = as_array(slots).reshape(-1)
+        self.version += 1
         for name, value in values.items():
             value = as_array(value).reshape(-1)
             if name not in self.columns:
@@ -99,6 +102,7 @@ class SlotEstimates:
             self.array(name)[slots] = value
 
     def scale(self, factor: float, *names: str) -> None:
+        self.version += 1
         for name in names:
             self.columns[name].mul_(factor)
 
@@ -109,6 +113,7 @@ class SlotEstimates:
     def load_state(self, state: dict) -> None:
         self.capacity, self.synced = int(state["capacity"]), int(state["synced"])
         self.columns = dict(state["columns"])
+        self.version += 1
         self.links = None  # read again at the next sync
 
 

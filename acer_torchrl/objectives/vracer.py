@@ -49,7 +49,7 @@ from torch import nn
 from acer_torchrl.objectives.common import ReplayLoss, TensorCall, masked_mean, padding_mask
 from acer_torchrl.objectives.episode_recursion import EpisodeRecursion
 from acer_torchrl.objectives.names import BEHAVIOUR, MASK_KEY, SLOT_KEY, WRITE_KEY
-from acer_torchrl.objectives.refer import ReFER, gaussian_kl
+from acer_torchrl.objectives.refer import FarPolicyCount, ReFER, gaussian_kl
 from acer_torchrl.objectives.stored_estimates import EpisodeStore, SlotEstimates, as_array, write_index
 
 STORED = "vracer"  # root of a sampled batch's stored estimates (added by before_update)
@@ -290,6 +290,7 @@ class VRACERLoss(ReplayLoss):
         self.register_buffer("updates", torch.tensor(0, dtype=torch.long))  # gradient steps k
         self._pending_updates = 0.0  # gradient steps owed to the env steps collected (F, App. A)
         self.stored = SlotEstimates()  # V, rho, V(s_{k+1}), r and terminal of every stored step, by slot
+        self._far = FarPolicyCount()  # eq. 12's far-policy count over the stored rho
         self._recursion: EpisodeRecursion | None = None  # eq. 8 over the stored steps (None: to be built)
         self._drawn: tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | slice] | None = None  # see before_update
 
@@ -311,6 +312,7 @@ class VRACERLoss(ReplayLoss):
         self.stored = SlotEstimates()
         if state is not None:
             self.stored.load_state(state)
+        self._far = FarPolicyCount()
         self._recursion = self._drawn = None
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
@@ -503,7 +505,9 @@ class VRACERLoss(ReplayLoss):
         slots, drawn, kept = self._drawn_for(sample)
         slots = slots[kept]
         fresh = {name: as_array(output.get(out_key)).reshape(-1)[kept] for name, out_key in _WRITTEN_BACK.items()}
+        version = self.stored.version
         self.stored.write(slots, **fresh)
+        self._far.rewritten(slots, self.stored.array(RHO), version, self.stored.version)
         if self._recursion is not None:
             # eq. 8's terms at the written slots: before_update's (reward, episode end, terminal: unchanged)
             # with the stored V, rho and V(s_{k+1}) now written back
@@ -512,7 +516,8 @@ class VRACERLoss(ReplayLoss):
         self.updates += 1
         if int(self.updates) % self.reward_scale_interval == 0:
             self._rescale_rewards()
-        self.refer.update_beta(*self.stored.written(RHO))
+        rho, alive = self.stored.written(RHO)  # eq. 12's n_far / N over the replay's latest weights
+        self.refer.step_beta(self._far.share(rho.numpy(), alive.numpy(), self.refer.c_max, self.stored.version))
 
     def _drawn_for(self, sample: TensorDictBase) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | slice]:
         """:meth:`before_update`'s slots, eq. 8 terms and kept rows for ``sample``."""
