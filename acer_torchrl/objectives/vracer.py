@@ -113,7 +113,9 @@ class TruncatedGaussian(D.Independent):
     Sampling is exact (inverse CDF). ``log_prob`` is the truncated density inside the support,
     ``log N(a; m, s) - d log Z`` with ``Z = erf(width / sqrt 2)``: ``Z`` does not depend on ``m`` or ``s``,
     so ``rho = pi / mu`` is the ratio of the Gaussian densities, as in the paper. The deterministic action
-    (evaluation) is the mean.
+    (evaluation) is the mean. The distribution class for a ``ProbabilisticActor`` acting for this loss in a plain
+    TorchRL loop; this package's own acting policy draws the same actions without a distribution object
+    (``modules.BehaviourSampler`` with ``truncation``: ``tests/test_modules.py`` compares the two).
     """
 
     has_rsample = True
