@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from acer_torchrl.objectives.stored_estimates import as_array
+
 
 class AffineSuffixTree:
     """A segment tree over the maps ``(a_i, b_i)``, ``i < n``; positions ``n`` and beyond are the identity.
@@ -105,7 +107,5 @@ class AffineSuffixTree:
 
 def _numpy(x: Tensor | np.ndarray) -> np.ndarray:
     """A tensor or array as a NumPy array (positions int64, maps float64)."""
-    if isinstance(x, Tensor):
-        x = x.detach().cpu()
-        return x.numpy() if not x.is_floating_point() else x.to(torch.float64).numpy()
+    x = as_array(x)
     return x.astype(np.float64, copy=False) if x.dtype.kind == "f" else x

@@ -36,6 +36,11 @@ from acer_torchrl.objectives.functional import refer_beta_update, refer_c_max
 RHO_CLIP_RULE2_ONLY = 1e3  # ReF-ER-2 (Rule 2 without Rule 1) clips rho_t <- min(rho_t, 10^3) (sec. 5.3)
 
 
+def far_policy(rho: np.ndarray, c_max: float) -> np.ndarray:
+    """Rule 1's far-policy weights (eq. 10): ``rho <= 1/c_max`` or ``rho >= c_max`` (bool, elementwise)."""
+    return (rho <= 1.0 / c_max) | (rho >= c_max)
+
+
 def gaussian_kl(loc_p: Tensor, scale_p: Tensor, loc_q: Tensor, scale_q: Tensor) -> Tensor:
     """``D_KL(p || q)`` of two diagonal Gaussians, summed over the last (action) dim, ``[*, 1]``.
 
@@ -124,8 +129,7 @@ class ReFER(nn.Module):
         """Fraction of far-policy weights among ``rho`` (any shape), or among those where ``where`` (bool, as many
         elements as ``rho``) holds: ``n_far / N`` of eq. 12 over the replay. Counted in NumPy: over a full
         replay (2^18 steps) a masked gather and compare in torch costs ~3 ms an update, this ~0.1 ms."""
-        c, values = self.c_max, rho.detach().cpu().numpy().reshape(-1)
-        far = (values <= 1.0 / c) | (values >= c)
+        far = far_policy(rho.detach().cpu().numpy().reshape(-1), self.c_max)
         n = far.size
         if where is not None:
             keep = where.cpu().numpy().reshape(-1)
@@ -181,15 +185,11 @@ class FarPolicyCount:
         self.n_far = self.n = 0
         self.key: tuple[float, int] | None = None  # (c_max, version of the column) the count is for
 
-    @staticmethod
-    def _is_far(rho: np.ndarray, c_max: float) -> np.ndarray:
-        return (rho <= 1.0 / c_max) | (rho >= c_max)
-
     def share(self, rho: np.ndarray, alive: np.ndarray, c_max: float, version: int) -> float:
         """``n_far / N`` among the ``alive`` weights ``rho`` (one per slot) at cut-off ``c_max``; ``version`` changes
         whenever ``rho`` or ``alive`` change other than through :meth:`rewritten`."""
         if self.key != (c_max, version):
-            self.far = self._is_far(rho, c_max) & alive
+            self.far = far_policy(rho, c_max) & alive
             self.n_far, self.n = int(np.count_nonzero(self.far)), int(np.count_nonzero(alive))
             self.key = (c_max, version)
         return self.n_far / self.n if self.n else 0.0
@@ -200,7 +200,7 @@ class FarPolicyCount:
         if self.key is None or self.key[1] != before:
             return
         slots = np.unique(slots)
-        now = self._is_far(rho[slots], self.key[0])
+        now = far_policy(rho[slots], self.key[0])
         self.n_far += int(np.count_nonzero(now)) - int(np.count_nonzero(self.far[slots]))
         self.far[slots] = now
         self.key = (self.key[0], after)
