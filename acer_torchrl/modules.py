@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torch.autograd.function import once_differentiable
@@ -25,7 +26,7 @@ from torchrl.modules import LSTMModule
 from torchrl.envs.utils import ExplorationType, exploration_type
 
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
-from acer_torchrl.objectives.common import policy_keys
+from acer_torchrl.objectives.common import TensorCall, policy_keys
 from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.vracer import truncated_normal_log_prob, truncated_normal_sample, truncation_log_z
 
@@ -227,7 +228,27 @@ class BehaviourSampler(nn.Module):
         return action, torch.distributions.Normal(loc, scale, validate_args=False).log_prob(action).sum(-1)
 
 
-def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> TensorDictSequential:
+class ActingPolicy(TensorDictSequential):
+    """The acting policy's chain of modules. Called on a TensorDict, it runs them on tensors when every one is a
+    plain ``TensorDictModule`` (:class:`~acer_torchrl.objectives.common.TensorCall`) and writes the same entries
+    (every module's ``out_keys``) into it; otherwise (an LSTM core) it is the ``TensorDictSequential`` call. A
+    collector worker or an evaluation calls it once an env step: the TensorDict dispatch cost ~0.06 of the ~0.17 ms
+    a CartPole MLP policy call took (``benchmarks/results/learner.md``)."""
+
+    def __init__(self, *modules: TensorDictModuleBase):
+        super().__init__(*modules)
+        self._tensors = TensorCall.of(*self.module)
+
+    def forward(self, tensordict: TensorDictBase | None = None, *args, **kwargs) -> TensorDictBase:
+        if self._tensors is None or not isinstance(tensordict, TensorDictBase) or args or kwargs:
+            return super().forward(tensordict, *args, **kwargs)
+        values = self._tensors.on(tensordict)
+        for key in self.out_keys:
+            tensordict.set(key, values[key])
+        return tensordict
+
+
+def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> ActingPolicy:
     """Stochastic acting policy: torso + ``policy_head`` writing behaviour statistics, then a
     :class:`BehaviourSampler` writing ``"action"`` and ``("behaviour", "log_prob")``.
 
@@ -238,7 +259,7 @@ def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> Tensor
     stat_keys = [(BEHAVIOUR, n) for n in policy_keys(info.discrete)]
     stats = TensorDictModule(policy_head, in_keys=["core"], out_keys=stat_keys)
     sampler = TensorDictModule(BehaviourSampler(info.discrete), in_keys=stat_keys, out_keys=["action", (BEHAVIOUR, "log_prob")])
-    return TensorDictSequential(*torso.module, stats, sampler)
+    return ActingPolicy(*torso.module, stats, sampler)
 
 
 def learning_module(torso: Torso, *heads: TensorDictModuleBase) -> TensorDictSequential:

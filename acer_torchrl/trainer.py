@@ -60,6 +60,7 @@ class Counters:
     updates: int = 0
     episodes: int = 0
     wall_time_s: float = 0.0
+    learner_cpu_s: float = 0.0  # CPU time of the learner's process (all its threads) in the collection phases
     restarts: int = 0
     next_eval: int = 0
     next_checkpoint: int = 0
@@ -441,6 +442,9 @@ class Trainer:
             "eval_episodes": cfg.eval.episodes,
             "wall_time_s": round(c.wall_time_s, 2),
             "env_steps_per_s": round(c.env_steps / max(c.wall_time_s, 1e-9), 1),
+            # the learner process's CPU seconds per wall second: ~1 (or more, with threads) when the learner is
+            # what the run waits on; well below 1 when it waits for collected batches
+            "learner_cpu_per_wall_s": round(c.learner_cpu_s / max(c.wall_time_s, 1e-9), 3),
             "collector_dropped_steps": self.replay.steps_missing,
             "restarts": c.restarts,
             "health": self.health.summary(),  # ok, or diverged at its first bad update (acer_torchrl.health)
@@ -524,11 +528,13 @@ class Trainer:
         self._window: dict[str, list[float]] = {}
         self._returns: list[float] = []
         self._start = time.perf_counter() - c.wall_time_s
+        self._cpu_start = time.process_time() - c.learner_cpu_s
 
     def _stop_clock(self) -> None:
         self._bar.close()
         self._bar = None
         self.counters.wall_time_s = time.perf_counter() - self._start
+        self.counters.learner_cpu_s = time.process_time() - self._cpu_start
 
     def step(self, batch: TensorDictBase) -> bool:
         """One collected batch: store it, take the loss's planned updates, push the weights to the collector,
@@ -551,6 +557,7 @@ class Trainer:
         self.sync_acting_policy()
         self._collector.update_policy_weights_()
         c.wall_time_s = time.perf_counter() - self._start
+        c.learner_cpu_s = time.process_time() - self._cpu_start
         self._bar.update(steps)
         metrics = {k: float(np.mean(v)) for k, v in window.items()}
         if returns:

@@ -15,7 +15,12 @@ For each preset, one after the other on the same cores:
     -- a plain gymnasium loop (random actions, one process) over the same env, timed and scaled to (b)'s
       env steps;
     floor env steps/s = env steps / (gradient steps x s per bare step + env steps x s per bare env step);
-(c) (b) / (a).
+(c) (b) / (a);
+(d) what stands in the way, measured in the same run: the learner process's CPU seconds per wall second of (b)
+    (``summary.json``'s ``learner_cpu_per_wall_s``: ~1 when the run waits on the learner, well below when the
+    learner waits for batches), and **acting alone**: the preset's collector (same workers, envs, policy and
+    batch size) iterated with no learner for ``--acting-frames`` env steps, env steps/s. Acting alone below
+    0.5 x the floor's env steps/s means the workers by themselves keep the preset under the target.
 
 The floor leaves out what a loss needs beyond one forward-backward (target / average networks, bootstrap
 values, the trust region), acting in the workers and evaluation: it is a lower bound on the work, so
@@ -42,7 +47,7 @@ from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info
 from acer_torchrl.modules import make_encoder
-from acer_torchrl.trainer import learner_threads
+from acer_torchrl.trainer import Trainer, learner_threads
 from throughput import plain_loop  # benchmarks/throughput.py: the plain gymnasium loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +122,23 @@ def end_to_end(algo: str, preset: str, overrides: list[str], frames: int) -> dic
         return json.loads((run_dir / "summary.json").read_text())
 
 
-def measure(name: str, frames: int | None, floor_updates: int, env_seconds: float) -> dict:
+def acting_alone(algo: str, preset: str, overrides: list[str], frames: int) -> float:
+    """Env steps/s of the preset's collector with no learner: what acting alone allows end to end."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(algo, [f"preset={preset}", *overrides, f"run_dir={tmp}/run", "log.progress=false"])
+        trainer = Trainer(cfg)
+        collector = trainer.make_collector(10**12)
+        batches = iter(collector)
+        steps = next(batches).numel()  # the workers are up
+        start = time.perf_counter()
+        while steps < frames:
+            steps += next(batches).numel()
+        rate = steps / (time.perf_counter() - start)
+        collector.shutdown()
+        return rate
+
+
+def measure(name: str, frames: int | None, floor_updates: int, env_seconds: float, acting_frames: int) -> dict:
     algo, preset, overrides, default_frames = PRESETS[name]
     frames = frames or default_frames
     e2e = end_to_end(algo, preset, overrides, frames)
@@ -127,6 +148,7 @@ def measure(name: str, frames: int | None, floor_updates: int, env_seconds: floa
     torch.set_num_threads(learner_threads(cfg))
     s_update = floor_seconds_per_update(cfg, info, max(len(agent.torsos), 1), agent.loss.seq_len, floor_updates)
     env_rate, _ = plain_loop(cfg.env.name, env_seconds)
+    acting = acting_alone(algo, preset, overrides, acting_frames)
     steps, updates, wall = e2e["env_steps"], e2e["updates"], e2e["wall_time_s"]
     floor_s = updates * s_update + steps / env_rate
     row = {
@@ -143,6 +165,8 @@ def measure(name: str, frames: int | None, floor_updates: int, env_seconds: floa
         "floor_s": floor_s,
         "floor_env_steps_per_s": steps / floor_s,
         "ratio": floor_s / wall,
+        "learner_cpu_per_wall_s": e2e["learner_cpu_per_wall_s"],
+        "acting_alone_env_steps_per_s": acting,
         "final_score": e2e["eval_return_mean"],
     }
     print(json.dumps(row), flush=True)
@@ -151,11 +175,14 @@ def measure(name: str, frames: int | None, floor_updates: int, env_seconds: floa
 
 def markdown(rows: list[dict]) -> str:
     head = ("| preset | env steps | gradient steps (batch) | end to end: env steps/s, updates/s | floor: ms/update, "
-            "plain env steps/s | floor env steps/s | ratio |\n|---|---|---|---|---|---|---|")
+            "plain env steps/s | floor env steps/s | ratio | learner CPU-s per s | acting alone: env steps/s "
+            "(x floor) |\n|---|---|---|---|---|---|---|---|---|")
     lines = [
         f"| {r['preset']} ({r['env']}) | {r['env_steps']} | {r['updates']} ({r['batch'][0]} x {r['batch'][1]}) | "
         f"{r['env_steps_per_s']:.0f}, {r['updates_per_s']:.1f} | {r['floor_ms_per_update']:.2f}, "
-        f"{r['floor_env_steps_per_s_plain_env']:.0f} | {r['floor_env_steps_per_s']:.0f} | {r['ratio']:.2f} |"
+        f"{r['floor_env_steps_per_s_plain_env']:.0f} | {r['floor_env_steps_per_s']:.0f} | {r['ratio']:.2f} | "
+        f"{r['learner_cpu_per_wall_s']:.2f} | {r['acting_alone_env_steps_per_s']:.0f} "
+        f"({r['acting_alone_env_steps_per_s'] / r['floor_env_steps_per_s']:.2f}) |"
         for r in rows
     ]
     return "\n".join([head, *lines])
@@ -167,9 +194,10 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=None, help="env steps of every end-to-end run")
     parser.add_argument("--floor-updates", type=int, default=200, help="bare gradient steps timed per preset")
     parser.add_argument("--env-seconds", type=float, default=5.0, help="seconds of the plain gymnasium loop")
+    parser.add_argument("--acting-frames", type=int, default=10_000, help="env steps of the acting-alone run")
     parser.add_argument("--out", type=Path, default=RESULTS / "learner.json")
     args = parser.parse_args()
-    rows = [measure(name, args.frames, args.floor_updates, args.env_seconds) for name in args.only]
+    rows = [measure(name, args.frames, args.floor_updates, args.env_seconds, args.acting_frames) for name in args.only]
     machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
     record = {"date": datetime.date.today().isoformat(), "machine": machine, "command": " ".join(sys.argv), "rows": rows}
     args.out.write_text(json.dumps(record, indent=2))

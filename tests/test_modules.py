@@ -11,8 +11,8 @@ from torch import nn
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import LSTMModule
 
-from acer_torchrl.modules import BehaviourSampler, Softsign
-from acer_torchrl.objectives.common import TensorCall
+from acer_torchrl.modules import ActingPolicy, BehaviourSampler, Softsign
+from acer_torchrl.objectives.common import NetworkCall, TensorCall
 from acer_torchrl.objectives.vracer import TruncatedGaussian
 
 
@@ -114,3 +114,50 @@ def test_networks_that_need_a_tensordict_are_not_called_on_tensors():
     keywords = TensorDictModule(lambda x: x, in_keys={"x": "observation"}, out_keys=["y"])
     assert TensorCall.of(keywords) is None
     assert TensorCall.of(TensorDictModule(lambda x: x, in_keys=["observation"], out_keys=["y"])) is not None
+
+
+class NotPlain(TensorDictModule):
+    """A TensorDictModule subclass: TensorCall does not know what its forward adds, so it is called with TensorDicts."""
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_a_chain_of_networks_gives_its_tensordict_calls_outputs_from_a_tensordict_or_tensors(plain):
+    torch.manual_seed(0)
+    kind = TensorDictModule if plain else NotPlain
+    actor = TensorDictSequential(kind(nn.Linear(4, 8), in_keys=["observation"], out_keys=["core"]))
+    critic = TensorDictModule(nn.Linear(8, 2), in_keys=["core"], out_keys=[("critic", "q")])
+    call = NetworkCall(actor, critic)
+    assert (call.tensors is not None) == plain
+    assert call.tensors is None or call.tensors.in_keys == ["observation"]
+    obs = torch.randn(5, 4)
+    expected = critic(actor(TensorDict({"observation": obs, "other": torch.zeros(5)}, batch_size=[5])))
+    for inputs in (TensorDict({"observation": obs, "other": torch.zeros(5)}, batch_size=[5]), {"observation": obs}):
+        out = call(inputs)
+        for key in ("core", ("critic", "q")):
+            torch.testing.assert_close(out.get(key), expected.get(key), rtol=0, atol=0)
+        assert out.get("other", None) is None  # the inputs the networks read, not the whole TensorDict
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_the_acting_policy_on_tensors_writes_what_its_tensordict_call_writes(greedy):
+    """Same entries, same draws from the same generator state; with an LSTM core it is the TensorDict call."""
+    torch.manual_seed(0)
+    modules = [
+        TensorDictModule(nn.Linear(4, 3), in_keys=["observation"], out_keys=[("behaviour", "logits")]),
+        TensorDictModule(BehaviourSampler(discrete=True), in_keys=[("behaviour", "logits")],
+                         out_keys=["action", ("behaviour", "log_prob")]),
+    ]
+    policy, reference = ActingPolicy(*modules), TensorDictSequential(*modules)
+    assert policy._tensors is not None
+    obs = torch.randn(6, 4)
+    written = []
+    with set_exploration_type(ExplorationType.DETERMINISTIC if greedy else ExplorationType.RANDOM):
+        for call in (policy, reference):
+            torch.manual_seed(1)
+            written.append(call(TensorDict({"observation": obs}, batch_size=[6])))
+    ours, theirs = written
+    assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+    for key in theirs.keys(True, True):
+        torch.testing.assert_close(ours.get(key), theirs.get(key), rtol=0, atol=0)
+    lstm = LSTMModule(input_size=4, hidden_size=8, in_key="observation", out_key="core")
+    assert ActingPolicy(lstm)._tensors is None

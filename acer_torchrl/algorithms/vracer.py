@@ -17,7 +17,7 @@ from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm, loss_options
 from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
-from acer_torchrl.modules import BehaviourSampler, GaussianHead, MLPEncoder, learning_module, make_torso
+from acer_torchrl.modules import ActingPolicy, BehaviourSampler, GaussianHead, MLPEncoder, learning_module, make_torso
 from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.vracer import Standardize, VRACERLoss
 from acer_torchrl.settings.vracer import DEFAULT_PRESET, PRESETS, VRACERConfig
@@ -80,7 +80,7 @@ class _PolicyStats(nn.Module):
         return self.head(core)[1:]
 
 
-def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float) -> TensorDictSequential:
+def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float) -> ActingPolicy:
     """The torso and the head's policy outputs writing ``("behaviour", "loc"/"scale")``, then a draw of the
     truncated normal writing ``"action"`` and ``("behaviour", "log_prob")`` (Algorithm 2; the mean under a greedy
     exploration type)."""
@@ -89,7 +89,7 @@ def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float)
     sampler = TensorDictModule(
         BehaviourSampler(discrete=False, truncation=width), in_keys=stat_keys, out_keys=["action", (BEHAVIOUR, "log_prob")]
     )
-    return TensorDictSequential(*network, stats, sampler)
+    return ActingPolicy(*network, stats, sampler)
 
 
 def build(cfg: Config, info: EnvInfo) -> Agent:

@@ -44,6 +44,7 @@ Deviations from the paper, and why:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,7 @@ from torchrl.modules.distributions import IndependentNormal
 
 from acer_torchrl.objectives import functional
 from acer_torchrl.objectives.common import (
+    NetworkCall,
     ReplayLoss,
     close_segments_at_padding,
     evaluate_with_next_steps,
@@ -153,6 +155,8 @@ class ACERLoss(ReplayLoss):
             raise ValueError("continuous ACER needs the SDN advantage network (eq. 13)")
         self.convert_to_functional(actor_network, "actor_network", create_target_params=trust_region)
         self.critic_network = critic_network
+        self._actor = NetworkCall(self.actor_network)
+        self._actor_critic = NetworkCall(self.actor_network, critic_network)
         self.advantage_network = advantage_network
         self.discrete = discrete
         self.gamma = gamma
@@ -201,12 +205,10 @@ class ACERLoss(ReplayLoss):
         return poisson_plan(rng, self.replay_ratio, self.on_policy)
 
     # ------------------------------------------------------------------ networks
-    def _evaluate(self, td: TensorDictBase) -> TensorDictBase:
-        """The learning network (actor then critic) on the inputs of ``td``, in a fresh TensorDict."""
-        inputs = td.select(*self.actor_network.in_keys, strict=False)
+    def _evaluate(self, inputs: TensorDictBase | dict[NestedKey, torch.Tensor]) -> Mapping:
+        """The learning network (actor then critic) on ``inputs``, its outputs by key."""
         with self.actor_network_params.to_module(self.actor_network):
-            out = self.actor_network(inputs)
-        return self.critic_network(out)
+            return self._actor_critic(inputs)
 
     def _distribution(self, stats: list[torch.Tensor]) -> torch.distributions.Distribution:
         if self.discrete:
@@ -220,7 +222,7 @@ class ACERLoss(ReplayLoss):
             return -(log_pi.exp() * log_pi).sum(-1, keepdim=True)
         return self._distribution(stats).entropy().unsqueeze(-1)
 
-    def _state_value(self, out: TensorDictBase) -> torch.Tensor:
+    def _state_value(self, out: Mapping) -> torch.Tensor:
         """``V(x)``: ``sum_a pi(a|x) Q(x, a)`` (discrete, sec. 3.1) or the SDN's V head (continuous)."""
         if self.discrete:
             pi = out.get(self.tensor_keys.logits).softmax(-1)
@@ -303,7 +305,7 @@ class ACERLoss(ReplayLoss):
         average_stats = None
         if self.trust_region:
             with torch.no_grad(), self.target_actor_network_params.to_module(self.actor_network):
-                average = self.actor_network(inputs.select(*self.actor_network.in_keys, strict=False))
+                average = self._actor(inputs)
             average_stats = [average.get(key) for key in self._stat_keys]
         value = self._state_value(out)
         next_value = shift_in_bootstraps(

@@ -8,12 +8,12 @@ sum to the objective; other entries are diagnostics (mean rho, truncated share, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModule, TensorDictSequential
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from tensordict.utils import NestedKey
 from torchrl.modules import set_recurrent_mode
 from torchrl.modules.distributions import IndependentNormal
@@ -73,14 +73,21 @@ class TensorCall:
     outputs: ~0.1 ms a call, a third of a 2x128 MLP's forward at batch 256 on one core).
 
     :meth:`of` returns None for any other network (an LSTM core, a probabilistic module, a module with keyword
-    inputs): call that one with a TensorDict.
+    inputs): call that one with a TensorDict. A functional loss's ``params.to_module(network)`` applies as to the
+    TensorDict call: the same ``nn.Module`` objects run.
     """
 
     def __init__(self, steps: list[tuple[torch.nn.Module, list[NestedKey], list[NestedKey]]]):
         self.steps = steps
+        written: set[NestedKey] = set()
+        self.in_keys: list[NestedKey] = []  # what the chain reads that no step of it writes
+        for _, in_keys, out_keys in steps:
+            self.in_keys += [k for k in in_keys if k not in written and k not in self.in_keys]
+            written.update(out_keys)
 
     @classmethod
-    def of(cls, network: torch.nn.Module) -> TensorCall | None:
+    def of(cls, *networks: torch.nn.Module) -> TensorCall | None:
+        """The chain of ``networks``, called one after the other, or None when one of them is not plain."""
         steps = []
 
         def flatten(module) -> bool:
@@ -92,15 +99,42 @@ class TensorCall:
                 return True
             return False
 
-        return cls(steps) if flatten(network) else None
+        return cls(steps) if all(flatten(n) for n in networks) else None
 
-    def __call__(self, inputs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
+    def __call__(self, inputs: Mapping[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
         """The outputs of every module (and the inputs), by key."""
         values = dict(inputs)
         for module, in_keys, out_keys in self.steps:
             out = module(*(values[k] for k in in_keys))
             values.update(zip(out_keys, out if isinstance(out, tuple) else (out,), strict=True))
         return values
+
+    def on(self, source: TensorDictBase | Mapping[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
+        """The chain on the :attr:`in_keys` entries of ``source`` (a TensorDict or tensors by key)."""
+        return self({k: source.get(k) for k in self.in_keys})
+
+
+class NetworkCall:
+    """A network, or a chain of them called one after the other, on the entries of a TensorDict or of a dict of
+    tensors, returning its outputs by key: through :class:`TensorCall` on tensors when every module of it is a
+    plain ``TensorDictModule`` (a dict of tensors, inputs included), else as TensorDict calls on a new TensorDict
+    of the networks' ``in_keys`` (with an LSTM core's ``("next", state)`` outputs). A dict input of the latter
+    goes in as a TensorDict of its first dimension."""
+
+    def __init__(self, *networks: TensorDictModuleBase):
+        self.networks = networks
+        self.tensors = TensorCall.of(*networks)
+        self.in_keys = list(dict.fromkeys(k for network in networks for k in network.in_keys))
+
+    def __call__(self, inputs: TensorDictBase | Mapping[NestedKey, torch.Tensor]) -> Mapping:
+        if self.tensors is not None:
+            return self.tensors.on(inputs)
+        if not isinstance(inputs, TensorDictBase):
+            inputs = TensorDict(dict(inputs), batch_size=next(iter(inputs.values())).shape[:1])
+        out = inputs.select(*self.in_keys, strict=False)
+        for network in self.networks:
+            out = network(out)
+        return out
 
 
 def policy_keys(discrete: bool) -> list[str]:
@@ -200,7 +234,7 @@ def shift_in_bootstraps(value: torch.Tensor, bootstrap: torch.Tensor, bootstrap_
 @torch.no_grad()
 def next_state_values(
     td: TensorDictBase,
-    unrolled: TensorDictBase,
+    unrolled: Mapping,
     value: torch.Tensor,
     bootstrap: torch.Tensor,
     in_keys: Sequence[NestedKey],
@@ -228,20 +262,21 @@ def next_state_values(
 
 
 def evaluate_with_next_steps(
-    evaluate: Callable[[TensorDictBase], TensorDictBase],
+    evaluate: Callable[[TensorDictBase | dict[NestedKey, torch.Tensor]], Mapping],
     td: TensorDictBase,
     inputs: TensorDictBase,
     bootstrap: torch.Tensor,
     in_keys: Sequence[NestedKey],
     hidden_keys: Sequence[str],
-) -> tuple[TensorDictBase, TensorDictBase | None]:
+) -> tuple[Mapping, Mapping | None]:
     """The network ``evaluate`` on every step of ``inputs`` (``[B, T]``) and on ``s_{t+1}`` of the
-    ``bootstrap`` steps of ``td`` (``[N]``, None when there are none), as :func:`next_state_values` defines it.
+    ``bootstrap`` steps of ``td`` (``[N]``, None when there are none), as :func:`next_state_values` defines it;
+    its outputs by key (a TensorDict, or a dict of tensors for a network called through :class:`TensorCall`).
 
     Feed-forward networks take both in one pass: the ``N`` stored next observations appended to the
     ``B * T`` steps (one forward instead of two; the appended rows feed only detached targets, so the
-    gradient is the same). Recurrent ones unroll first and then take the ``N`` single steps without
-    gradient, from the state the unroll reached.
+    gradient is the same), handed to ``evaluate`` as a dict of ``[B * T + N, ...]`` tensors. Recurrent ones
+    unroll first and then take the ``N`` single steps without gradient, from the state the unroll reached.
     """
     rows = bootstrap.squeeze(-1)
     if hidden_keys or not rows.any():
@@ -250,8 +285,12 @@ def evaluate_with_next_steps(
             return out, None
         with torch.no_grad(), set_recurrent_mode(False):
             return out, evaluate(_next_step_inputs(td, out, rows, in_keys, hidden_keys))
-    keys = observation_keys(in_keys, hidden_keys)
-    steps = inputs.select(*keys).reshape(-1)
-    out = evaluate(torch.cat([steps, _next_step_inputs(td, None, rows, in_keys, hidden_keys)], 0))
-    n = steps.shape[0]
-    return out[:n].reshape(inputs.shape), out[n:]
+    n = inputs.numel()
+    steps = {}
+    for key in observation_keys(in_keys, hidden_keys):
+        now = inputs.get(key)
+        steps[key] = torch.cat([now.reshape(n, *now.shape[inputs.ndim:]), td.get(("next", key))[rows]], 0)
+    out = evaluate(steps)
+    if isinstance(out, TensorDictBase):
+        return out[:n].reshape(inputs.shape), out[n:]
+    return {k: v[:n].reshape(*inputs.shape, *v.shape[1:]) for k, v in out.items()}, {k: v[n:] for k, v in out.items()}

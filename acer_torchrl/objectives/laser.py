@@ -44,6 +44,7 @@ issue asks. Further:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,7 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
 from acer_torchrl.objectives.common import (
+    NetworkCall,
     ReplayLoss,
     close_segments_at_padding,
     masked_mean,
@@ -143,6 +145,7 @@ class LASERLoss(ReplayLoss):
             self.convert_to_functional(network, "network", create_target_params=True)
         else:
             self.network = network
+        self._network = NetworkCall(self.network)  # on tensors when feed-forward (common.TensorCall)
         self.target_update = target_update
         self.discrete = discrete
         self.gamma = gamma
@@ -189,21 +192,21 @@ class LASERLoss(ReplayLoss):
         return [self.online_share] * self.updates_per_batch
 
     # ------------------------------------------------------------------ pieces
-    def _unroll(self, td: TensorDictBase, mask: torch.Tensor) -> TensorDictBase:
-        """The network over the sequences, on a shallow copy of ``td`` (behaviour keys stay apart); when
+    def _unroll(self, td: TensorDictBase, mask: torch.Tensor) -> Mapping:
+        """The network over the sequences, its outputs by key apart from ``td`` (behaviour keys stay apart); when
         recurrent, segments close at the last real step (:func:`.common.close_segments_at_padding`)."""
-        return self.network(close_segments_at_padding(td, mask) if self.hidden_keys else td.copy())
+        return self._network(close_segments_at_padding(td, mask) if self.hidden_keys else td)
 
-    def _next_state_value(self, td: TensorDictBase, out: TensorDictBase, bootstrap: torch.Tensor) -> torch.Tensor:
+    def _next_state_value(self, td: TensorDictBase, out: Mapping, bootstrap: torch.Tensor) -> torch.Tensor:
         """``V(s_{t+1})`` for every step, ``[B, T, 1]``, bootstrapping from the unroll's recurrent state
         (:func:`~acer_torchrl.objectives.common.next_state_values`)."""
         return next_state_values(
             td, out, out.get(self.tensor_keys.value), bootstrap, self.network.in_keys, self.hidden_keys,
-            lambda step: self.network(step).get(self.tensor_keys.value),
+            lambda step: self._network(step).get(self.tensor_keys.value),
         )
 
     def _bootstrap_values(
-        self, td: TensorDictBase, mask: torch.Tensor, out: TensorDictBase, bootstrap: torch.Tensor
+        self, td: TensorDictBase, mask: torch.Tensor, out: Mapping, bootstrap: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``V(s_t)`` and ``V(s_{t+1})`` as the V-trace targets read them: the learning network's (``out``),
         or with ``target_update`` the target copy's, unrolled on the same sequences."""
@@ -213,7 +216,7 @@ class LASERLoss(ReplayLoss):
             target_out = self._unroll(td, mask)
             return target_out.get(self.tensor_keys.value), self._next_state_value(td, target_out, bootstrap)
 
-    def behaviour_relevance(self, pi_stats: TensorDictBase, mu_stats: TensorDictBase) -> torch.Tensor:
+    def behaviour_relevance(self, pi_stats: Mapping, mu_stats: Mapping) -> torch.Tensor:
         """``beta_KL(s) = KL(pi(.|s) || pi~_mu(.|s))`` per step, ``[B, T, 1]`` (LASER sec. 4.3, eq. 3/8).
 
         Discrete actions: exact, from the logits of ``pi`` and of the stored ``mu``. Gaussian policies:
@@ -247,15 +250,15 @@ class LASERLoss(ReplayLoss):
         cut = trace_cut(done, mask)  # also cuts at the last real step before padding
 
         out = self._unroll(td, mask)
-        pi_stats = out.select(*self.stat_names)
-        pi = policy_distribution(self.discrete, {n: pi_stats.get(n) for n in self.stat_names})
+        pi_stats = {n: out.get(n) for n in self.stat_names}
+        pi = policy_distribution(self.discrete, pi_stats)
         action = td.get(keys.action)
         log_pi = pi.log_prob(action.reshape(td.shape) if self.discrete else action).reshape(shape)
         value = out.get(keys.value)
 
         with torch.no_grad():
             log_rho = log_pi - td.get(keys.behaviour_log_prob).reshape(shape)
-            beta = self.behaviour_relevance(pi_stats.detach(), td.get(keys.behaviour))
+            beta = self.behaviour_relevance({n: s.detach() for n, s in pi_stats.items()}, td.get(keys.behaviour))
             relevance = beta < self.kl_threshold if self.trust_region else None
             bootstrap_value, next_value = self._bootstrap_values(td, mask, out, cut & ~terminated)
             value_target, advantage = vtrace(

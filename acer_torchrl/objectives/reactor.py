@@ -42,7 +42,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictParams, TensorDictSequential
 from tensordict.utils import NestedKey
 
-from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask, trace_cut
+from acer_torchrl.objectives.common import NetworkCall, ReplayLoss, masked_mean, sequence_mask, trace_cut
 from acer_torchrl.objectives.functional import retrace
 from acer_torchrl.objectives.names import BEHAVIOUR, PG_ESTIMATORS
 
@@ -186,6 +186,8 @@ class ReactorLoss(ReplayLoss):
             raise ValueError("q_network must be made of network's own modules (its Q branch)")
         self.convert_to_functional(network, "network", create_target_params=True)
         self.__dict__["q_network"] = q_network  # Q branch of `network`; its parameters live in network_params
+        # both on tensors when feed-forward (common.TensorCall)
+        self._network, self._q_network = NetworkCall(self.network), NetworkCall(q_network)
         self.gamma, self.lam, self.pg = gamma, lam, pg
         self.beta_c, self.tislr_c, self.entropy_scale = beta_c, tislr_c, entropy_scale
         self.learned_behaviour = learned_behaviour
@@ -265,9 +267,9 @@ class ReactorLoss(ReplayLoss):
 
         ext = self._shifted_window(td)
         with self.network_params.to_module(self.network):
-            out = self.network(ext.copy())
+            out = self._network(ext)
         with torch.no_grad(), self.target_network_params.to_module(self.network):
-            q_target = self.q_network(ext.copy()).get(k.action_value)  # Q_T(x_t, .), t = 0..T
+            q_target = self._q_network(ext).get(k.action_value)  # Q_T(x_t, .), t = 0..T
 
         q = out.get(k.action_value)[:, :T]
         log_pi_ext = out.get(k.logits)

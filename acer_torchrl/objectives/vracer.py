@@ -46,7 +46,7 @@ from tensordict.utils import NestedKey
 from torch import distributions as D
 from torch import nn
 
-from acer_torchrl.objectives.common import ReplayLoss, TensorCall, masked_mean, padding_mask
+from acer_torchrl.objectives.common import NetworkCall, ReplayLoss, masked_mean, padding_mask
 from acer_torchrl.objectives.episode_recursion import EpisodeRecursion
 from acer_torchrl.objectives.names import BEHAVIOUR, MASK_KEY, SLOT_KEY, WRITE_KEY
 from acer_torchrl.objectives.refer import FarPolicyCount, ReFER, gaussian_kl
@@ -276,7 +276,7 @@ class VRACERLoss(ReplayLoss):
     ):
         super().__init__()
         self.network = network
-        self._tensor_call = TensorCall.of(network)  # None: called with TensorDicts
+        self._network = NetworkCall(network)  # on tensors when its modules allow (common.TensorCall)
         self.normalizer = normalizer
         self.refer = ReFER(C=C, A=A, D=D, lr=lr, rule1=rule1, rule2=rule2)
         self.gamma = gamma
@@ -343,10 +343,7 @@ class VRACERLoss(ReplayLoss):
     def _outputs(self, td: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``V(s)``, the mean and the std of the network at the observation keys of ``td``."""
         keys = self.tensor_keys
-        if self._tensor_call is not None:  # the same modules on tensors, without TensorDict dispatch
-            out = self._tensor_call({k: td.get(k) for k in self.network.in_keys})
-        else:
-            out = self.network(td.select(*self.network.in_keys))
+        out = self._network(td)
         return out[keys.value], out[keys.loc], out[keys.scale]
 
     def _log_rho(self, td: TensorDictBase, loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
