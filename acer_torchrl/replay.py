@@ -33,6 +33,7 @@ from collections import deque
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
@@ -278,14 +279,15 @@ class EpisodeReplay:
 
         Past an episode's last stored step the slot repeats and the mask is False.
         """
-        idx = torch.empty(starts.numel(), length, dtype=torch.long)
-        mask = torch.empty(starts.numel(), length, dtype=torch.bool)
-        idx[:, 0], mask[:, 0] = starts, True
+        links = self.next.numpy()  # NumPy on the same memory: a call on a batch of 32 costs ~1 us, torch's 3-5
+        idx = np.empty((starts.numel(), length), dtype=np.int64)
+        mask = np.empty((starts.numel(), length), dtype=bool)
+        idx[:, 0], mask[:, 0] = starts.numpy(), True
         for j in range(1, length):  # loop over time, vectorised over the batch
-            nxt = self.next[idx[:, j - 1]]
+            nxt = links[idx[:, j - 1]]
             mask[:, j] = mask[:, j - 1] & (nxt >= 0)
-            idx[:, j] = torch.where(mask[:, j], nxt, idx[:, j - 1])
-        return idx, mask
+            idx[:, j] = np.where(mask[:, j], nxt, idx[:, j - 1])
+        return torch.from_numpy(idx), torch.from_numpy(mask)
 
     def gather(self, idx: torch.Tensor, keys: list[NestedKey] | None = None) -> TensorDictBase:
         """Stored steps at slots ``idx`` (any shape), with their slot numbers under ``"slot"``; only
