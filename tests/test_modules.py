@@ -11,7 +11,7 @@ from torch import nn
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import LSTMModule
 
-from acer_torchrl.modules import ActingPolicy, BehaviourSampler, Softsign
+from acer_torchrl.modules import ActingPolicy, BehaviourSampler, GaussianHead, Softsign
 from acer_torchrl.objectives.common import NetworkCall, TensorCall
 from acer_torchrl.objectives.vracer import TruncatedGaussian
 
@@ -139,13 +139,20 @@ def test_a_chain_of_networks_gives_its_tensordict_calls_outputs_from_a_tensordic
 
 
 @pytest.mark.parametrize("greedy", [False, True])
-def test_the_acting_policy_on_tensors_writes_what_its_tensordict_call_writes(greedy):
-    """Same entries, same draws from the same generator state; with an LSTM core it is the TensorDict call."""
+@pytest.mark.parametrize("truncation", [None, 3.0], ids=["categorical", "truncated-normal"])
+def test_the_acting_policy_on_tensors_writes_what_its_tensordict_call_writes(greedy, truncation):
+    """Same entries, same draws from the same generator state (the greedy action under evaluation's exploration
+    type); with an LSTM core it is the TensorDict call."""
     torch.manual_seed(0)
+    if truncation is None:
+        stats = [TensorDictModule(nn.Linear(4, 3), in_keys=["observation"], out_keys=[("behaviour", "logits")])]
+    else:
+        stats = [TensorDictModule(GaussianHead(4, 2), in_keys=["observation"],
+                                  out_keys=[("behaviour", "loc"), ("behaviour", "scale")])]
     modules = [
-        TensorDictModule(nn.Linear(4, 3), in_keys=["observation"], out_keys=[("behaviour", "logits")]),
-        TensorDictModule(BehaviourSampler(discrete=True), in_keys=[("behaviour", "logits")],
-                         out_keys=["action", ("behaviour", "log_prob")]),
+        *stats,
+        TensorDictModule(BehaviourSampler(discrete=truncation is None, truncation=truncation),
+                         in_keys=stats[0].out_keys, out_keys=["action", ("behaviour", "log_prob")]),
     ]
     policy, reference = ActingPolicy(*modules), TensorDictSequential(*modules)
     assert policy._tensors is not None
