@@ -277,13 +277,20 @@ class Trainer:
         self.watch_health(stats)
         return stats
 
+    @torch.no_grad()
     def clip_gradients(self) -> torch.Tensor:
         """Clip the gradients' global norm at ``optim.max_grad_norm``; returns the norm before clipping (logged).
-        With ``inf`` (no clipping) only the norm is computed, not a rescaling by 1 of every gradient."""
-        if math.isinf(self.cfg.optim.max_grad_norm):  # get_total_norm's arithmetic for one device and dtype, fewer calls
-            with torch.no_grad():
-                return torch.linalg.vector_norm(torch.stack(torch._foreach_norm([p.grad for p in self.params if p.grad is not None])))
-        return torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
+        With ``inf`` (no clipping) only the norm is computed, not a rescaling by 1 of every gradient.
+
+        ``torch.nn.utils.clip_grad_norm_``'s arithmetic (the same bits) for parameters on one device and of one
+        dtype, as the learner's are (fused Adam needs that too), without its grouping: 38 instead of 63 us a call
+        for ACER CartPole's network."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        max_norm = self.cfg.optim.max_grad_norm
+        if not math.isinf(max_norm):
+            torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        return norm
 
     def fill_replay(self, steps: int, batches: Iterator[TensorDictBase] | None = None) -> None:
         """Store collected batches until the replay holds at least ``steps`` env steps, taking no update: a filled

@@ -206,10 +206,17 @@ def test_gradients_clipped_at_max_grad_norm_and_the_norm_before_clipping_returne
         p.grad = torch.randn(p.shape, generator=g)
     before = [p.grad.clone() for p in trainer.params]
     norm = torch.cat([b.reshape(-1) for b in before]).norm()
-    torch.testing.assert_close(trainer.clip_gradients(), norm)
+    reference = [torch.nn.Parameter(torch.zeros_like(b)) for b in before]
+    for r, b in zip(reference, before):
+        r.grad = b.clone()
+    reference_norm = torch.nn.utils.clip_grad_norm_(reference, max_norm)
+    clipped = trainer.clip_gradients()
+    torch.testing.assert_close(clipped, norm)
+    torch.testing.assert_close(clipped, reference_norm, rtol=0, atol=0)  # torch's own, to the bit
     factor = min(1.0, max_norm / float(norm))
-    for p, b in zip(trainer.params, before):
+    for p, b, r in zip(trainer.params, before, reference):
         torch.testing.assert_close(p.grad, b * factor)
+        torch.testing.assert_close(p.grad, r.grad, rtol=0, atol=0)
     assert factor < 1.0 or max_norm == math.inf
 
 
