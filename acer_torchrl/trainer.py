@@ -540,6 +540,10 @@ class Trainer:
     def _stop_clock(self) -> None:
         self._bar.close()
         self._bar = None
+        self._read_clock()
+
+    def _read_clock(self) -> None:
+        """The phase's wall and learner-CPU seconds so far into the counters."""
         self.counters.wall_time_s = time.perf_counter() - self._start
         self.counters.learner_cpu_s = time.process_time() - self._cpu_start
 
@@ -563,8 +567,7 @@ class Trainer:
                 window.setdefault(key, []).append(value)
         self.sync_acting_policy()
         self._collector.update_policy_weights_()
-        c.wall_time_s = time.perf_counter() - self._start
-        c.learner_cpu_s = time.process_time() - self._cpu_start
+        self._read_clock()
         self._bar.update(steps)
         metrics = {k: float(np.mean(v)) for k, v in window.items()}
         if returns:

@@ -86,6 +86,8 @@ def test_end_to_end_run_leaves_the_run_directory_contract(tmp_path, probe_regist
         assert key in summary
     assert summary["algorithm"] == "probe" and summary["env"] == "CartPole-v1"
     assert summary["env_steps"] >= 640 and summary["updates"] > 0
+    # the learner's CPU share of the loop; collecting in its own process too (workers=0), it is busy most of it
+    assert summary["learner_cpu_per_wall_s"] > (0.3 if workers == 0 else 0.0)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     for name in ("config.yaml", "metrics.csv", "learning_curve.png", "checkpoint/state.pt"):
         assert (tmp_path / name).is_file(), name
