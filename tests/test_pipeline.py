@@ -197,6 +197,35 @@ def test_signal_checkpoints_and_says_how_to_resume_in_one_line(tmp_path, sig):
     assert 64 <= steps < 100000 and not (tmp_path / "summary.json").exists()
 
 
+def test_a_due_checkpoint_waits_for_the_evaluation_in_play_at_most_half_an_interval(tmp_path, probe_registered):
+    """A checkpoint falls due while an evaluation is still being played (one asked at the same step, as every
+    ``eval.interval`` that divides ``log.checkpoint_interval`` asks): it is taken at the first batch after that
+    evaluation's row is logged, not waiting for it, and half an interval late at the latest."""
+    from acer_torchrl.config import load_config
+    from acer_torchrl.trainer import Trainer
+
+    trainer = Trainer(load_config("probe", [f"run_dir={tmp_path}", "log.checkpoint_interval=1000", *FAST]))
+
+    class Playing:  # the background evaluator's non-blocking look: nothing finished until ``finished`` is set
+        finished: list = []
+
+        def results(self):
+            done, self.finished = self.finished, []
+            return done
+
+    trainer.evaluator, c = Playing(), trainer.counters
+    c.env_steps, c.next_checkpoint = 999, 1000
+    assert not trainer._checkpoint_due()
+    trainer._awaiting.append((1000, 0, 0.0, {}))  # asked at step 1000, still being played
+    for c.env_steps in (1000, 1200, 1499):
+        assert not trainer._checkpoint_due()
+    c.env_steps = 1500
+    assert trainer._checkpoint_due() and trainer._awaiting, "half an interval late: due, and checkpoint() waits"
+    c.env_steps, trainer.evaluator.finished = 1200, [(1000, 42.0, 0.0)]
+    assert trainer._checkpoint_due() and not trainer._awaiting  # its row logged first
+    assert trainer.log.rows[-1]["env_steps"] == 1000 and trainer.log.rows[-1]["eval_return_mean"] == 42.0
+
+
 @pytest.mark.parametrize("max_norm", [0.5, math.inf])
 def test_gradients_clipped_at_max_grad_norm_and_the_norm_before_clipping_returned(tmp_path, probe_registered, max_norm):
     from acer_torchrl.config import load_config

@@ -12,12 +12,15 @@ import math
 import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm, loss_options
 from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
-from acer_torchrl.modules import ActingPolicy, BehaviourSampler, GaussianHead, MLPEncoder, learning_module, make_torso
+from acer_torchrl.modules import (
+    ActingPolicy, BehaviourSampler, GaussianHead, MLPEncoder, Softsign, learning_module, make_torso,
+)
 from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.vracer import Standardize, VRACERLoss
 from acer_torchrl.settings.vracer import DEFAULT_PRESET, PRESETS, VRACERConfig
@@ -69,6 +72,106 @@ class VRACERHead(nn.Module):
         return self.value(core), self.center + self.half_range * loc, self.half_range * std
 
 
+class _NetworkFunction(torch.autograd.Function):
+    """:class:`WrittenOutNetwork`'s forward as one autograd node, its backward written out (each step the
+    derivative autograd takes of the modules' operation: the same kernels, hence the same bits, tested)."""
+
+    @staticmethod
+    def forward(ctx, network: WrittenOutNetwork, obs: torch.Tensor, *params: torch.Tensor):
+        outputs, activations = network.evaluate(obs, params)
+        ctx.network = network
+        ctx.save_for_backward(*activations, *params)
+        return outputs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_value, d_loc, d_scale):
+        saved = ctx.saved_tensors
+        count = len(saved) - len(ctx.network.parameters())
+        grads = ctx.network.gradients(saved[:count], saved[count:], d_value, d_loc, d_scale, ctx.needs_input_grad[1])
+        return None, *grads
+
+
+class WrittenOutNetwork:
+    """App. A's network, :class:`StandardizedMLP` then :class:`VRACERHead` (``observation -> V, loc, scale``),
+    evaluated with the modules' own operations and parameters, under autograd as one node whose backward is
+    written out (:class:`_NetworkFunction`): the matrix products and Softsign derivatives of the MLP, the heads'
+    affine maps and Softplus. Autograd's ~20 nodes for it (``addmm`` and transposes per layer, the Softsign
+    nodes, the heads' ``mul``/``add``/``softplus``/``expand``) cost as much as their arithmetic at V-RACER's batch
+    of 256 on one core: its forward and backward 0.89 -> 0.57 ms (``benchmarks/results/learner.md``). The loss
+    calls it instead of the TensorDict network (:class:`~acer_torchrl.objectives.vracer.VRACERLoss`'s
+    ``network_call``); :meth:`of` gives None for hidden activations other than :class:`Softsign`."""
+
+    def __init__(self, encoder: StandardizedMLP, head: VRACERHead):
+        self.standardize = encoder.standardize
+        self.layers = [m for m in encoder[1] if isinstance(m, nn.Linear)]
+        self.head = head
+
+    @classmethod
+    def of(cls, encoder: StandardizedMLP, head: VRACERHead) -> WrittenOutNetwork | None:
+        hidden = list(encoder[1])
+        plain = all(isinstance(m, Softsign) for m in hidden[1::2]) and isinstance(head.policy.raw_std, nn.Parameter)
+        return cls(encoder, head) if plain else None
+
+    def parameters(self) -> list[torch.Tensor]:
+        head = self.head
+        linear = [t for layer in [*self.layers, head.value, head.policy.loc] for t in (layer.weight, layer.bias)]
+        return [*linear, head.policy.raw_std]
+
+    def __call__(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        params = self.parameters()
+        if torch.is_grad_enabled():
+            return _NetworkFunction.apply(self, obs, *params)
+        return self.evaluate(obs, params)[0]
+
+    def evaluate(self, obs: torch.Tensor, params: list[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], list]:
+        """``(V, loc, scale)`` as the modules compute them (:class:`Standardize`, ``nn.Linear``, :class:`Softsign`,
+        :class:`VRACERHead`) with ``params`` (:meth:`parameters`), and what the backward reads: each hidden layer's
+        input and Softsign denominator, then the last one's output."""
+        norm, head = self.standardize, self.head
+        *layers, (value_w, value_b, loc_w, loc_b), raw_std = _pairs(params)
+        x = (obs - norm.loc) / (norm.scale + norm.eps)
+        activations = []
+        for weight, bias in layers:
+            pre = nn.functional.linear(x, weight, bias)
+            denominator = pre.abs().add_(1.0)
+            activations += [x, denominator]
+            x = pre / denominator
+        raw_loc = nn.functional.linear(x, loc_w, loc_b)
+        std = nn.functional.softplus(raw_std).expand_as(raw_loc)
+        value = nn.functional.linear(x, value_w, value_b)
+        return (value, head.center + head.half_range * raw_loc, head.half_range * std), [*activations, x]
+
+    def gradients(self, activations, params, d_value, d_loc, d_scale, observation: bool) -> list[torch.Tensor | None]:
+        """The observation's gradient (None unless ``observation``), then the parameters' in :meth:`parameters`'
+        order, from the outputs' (None: zero) and :meth:`evaluate`'s ``params`` and activations."""
+        half, core = self.head.half_range, activations[-1]
+        *layers, (value_w, _, loc_w, _), raw_std = _pairs(params)
+        d_value = torch.zeros_like(core[:, :1]) if d_value is None else d_value
+        d_raw_loc = torch.zeros_like(half * core[:, :1]) if d_loc is None else d_loc * half
+        d_raw_std = torch.zeros_like(raw_std) if d_scale is None else torch.ops.aten.softplus_backward(
+            (d_scale * half).sum(0), raw_std, 1.0, 20.0)
+        heads = [d_value.t().mm(core), d_value.sum(0), d_raw_loc.t().mm(core), d_raw_loc.sum(0)]
+        d_x = d_value.mm(value_w) + d_raw_loc.mm(loc_w)
+        grads = []
+        for depth in reversed(range(len(layers))):
+            x, denominator = activations[2 * depth : 2 * depth + 2]
+            d_pre = d_x / (denominator * denominator)  # Softsign's derivative (modules._SoftsignFunction)
+            grads = [d_pre.t().mm(x), d_pre.sum(0), *grads]
+            if depth or observation:
+                d_x = d_pre.mm(layers[depth][0])
+        norm = self.standardize
+        d_obs = d_x / (norm.scale + norm.eps) if observation else None
+        return [d_obs, *grads, *heads, d_raw_std]
+
+
+def _pairs(params: list[torch.Tensor]) -> list:
+    """:meth:`WrittenOutNetwork.parameters` as ``[(weight, bias) per hidden layer..., (value weight, value bias, mean
+    weight, mean bias), raw std]``."""
+    *hidden, value_w, value_b, loc_w, loc_b, raw_std = params
+    return [*zip(hidden[::2], hidden[1::2]), (value_w, value_b, loc_w, loc_b), raw_std]
+
+
 class _PolicyStats(nn.Module):
     """The head's policy outputs only (the acting policy records ``mu``, not ``V``)."""
 
@@ -110,7 +213,8 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     loss = VRACERLoss(
         network,
         encoder.standardize,
-        **loss_options(algo, VRACERLoss, gamma=cfg.gamma, n_start=cfg.replay.min_size, lr=cfg.optim.lr),
+        **loss_options(algo, VRACERLoss, gamma=cfg.gamma, n_start=cfg.replay.min_size, lr=cfg.optim.lr,
+                       network_call=WrittenOutNetwork.of(encoder, head)),
     )
     return Agent(loss=loss, policy=acting_policy(torso.module, head, algo.truncation), torsos=[torso])
 

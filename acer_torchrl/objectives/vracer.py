@@ -36,6 +36,7 @@ the policy gradient and the batch mean counts the far-policy steps (with zero gr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -226,6 +227,8 @@ class VRACERLoss(ReplayLoss):
         n_start: stored steps before the state and reward statistics are fitted (``N_start``, Alg. 1;
             the trainer starts updating at ``replay.min_size``, pass that).
         lr: the optimiser's initial learning rate (annealed by eq. 13, also ``eta`` of eq. 12).
+        network_call: ``observation -> (V, loc, scale)``, the same computation as ``network`` on its first in_key,
+            called instead of it (``algorithms.vracer.WrittenOutNetwork``: its gradient written out); None: ``network``.
         The other keyword arguments are the fields of :class:`VRACERConfig`.
     """
 
@@ -273,10 +276,12 @@ class VRACERLoss(ReplayLoss):
         truncation: float = 3.0,
         reward_scale_interval: int = 1000,
         epsilon: float = 1e-7,
+        network_call: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
     ):
         super().__init__()
         self.network = network
         self._network = NetworkCall(network)  # on tensors when its modules allow (common.TensorCall)
+        self.network_call = network_call
         self.normalizer = normalizer
         self.refer = ReFER(C=C, A=A, D=D, lr=lr, rule1=rule1, rule2=rule2)
         self.gamma = gamma
@@ -343,6 +348,8 @@ class VRACERLoss(ReplayLoss):
     def _outputs(self, td: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``V(s)``, the mean and the std of the network at the observation keys of ``td``."""
         keys = self.tensor_keys
+        if self.network_call is not None:
+            return self.network_call(td.get(self.network.in_keys[0]))
         out = self._network(td)
         return out[keys.value], out[keys.loc], out[keys.scale]
 
