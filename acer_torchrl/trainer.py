@@ -38,6 +38,7 @@ from acer_torchrl.envs import env_info, make_env_fn
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config
 from acer_torchrl.health import Health
 from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, make_loggers, plot_learning_curve
+from acer_torchrl.optim import AdamStep
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay
 from acer_torchrl.rundir import prepare_run_dir
 
@@ -132,6 +133,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(  # fused: one kernel for all parameters (~3x faster on CPU)
             params, lr=cfg.optim.lr, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay, fused=True
         )
+        self.optimizer_step = AdamStep(self.optimizer)  # optimizer.step(), the same kernel without its Python
         self.params = params
         self.replay: Replay = self.make_replay()
         self.online = OnlineWindows(self.loss.seq_len)
@@ -264,7 +266,7 @@ class Trainer:
         grad_norm = self.clip_gradients()
         for group in self.optimizer.param_groups:  # the run's schedule x the loss's own annealing (ReF-ER eq. 13)
             group["lr"] = self.cfg.optim.lr * self.lr_schedule() * self.loss.lr_scale()
-        self.optimizer.step()
+        self.optimizer_step()
         for updater in self.agent.updaters:
             updater.step()
         self.counters.updates += 1
