@@ -1,4 +1,4 @@
-"""The learner's Adam step: the fused kernel of ``torch.optim.Adam(fused=True)``, called without its Python around it."""
+"""The learner's Adam step: the fused kernel of ``torch.optim.Adam(fused=True)``, without the Python around it."""
 
 from __future__ import annotations
 

@@ -602,7 +602,7 @@ class Trainer:
     def _checkpoint_due(self) -> bool:
         """Whether to checkpoint after this batch: once ``log.checkpoint_interval`` steps are due, as soon as no
         evaluation is still being played (:meth:`checkpoint` would wait for it: an evaluation asked at the same step
-        held a V-RACER Hopper-v5 learner ~2 s, 4-6 % of its run with ``eval.interval=5000``), and at the latest half
+        held a V-RACER Hopper-v5 learner ~2 s, ~4 % of its run with ``eval.interval=5000``), and at the latest half
         an interval late (then waiting for them), so that the checkpoints keep their schedule."""
         c = self.counters
         if c.env_steps < c.next_checkpoint:

@@ -47,7 +47,8 @@ def test_adam_step_is_the_optimizers_step_to_the_bit(weight_decay):
     assert int(ours[0]["step"]) == 8
 
 
-@pytest.mark.parametrize("options", [{"fused": False}, {"fused": True, "amsgrad": True}, {"fused": True, "maximize": True}])
+@pytest.mark.parametrize("options", [{"fused": False}, {"fused": True, "amsgrad": True},
+                                     {"fused": True, "maximize": True}])
 def test_other_adam_settings_take_the_optimizers_own_step(options):
     nets, optimizers = twins(lr=1e-2, **options)
     step = AdamStep(optimizers[0])
