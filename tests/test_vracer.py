@@ -347,7 +347,7 @@ def test_written_out_network_gives_the_modules_outputs_and_autograds_gradients_t
     theirs = out["state_value"], out["loc"], out["scale"]
     for a, b in zip(ours, theirs):
         assert torch.equal(a, b)
-    for absent in (None, 0, 2):
+    for absent in (None, 0, 1, 2):
         d_out = [None if i == absent else torch.randn(y.shape, generator=g) for i, y in enumerate(theirs)]
         pairs = [(y, d) for y, d in zip(ours, d_out) if d is not None]
         mine = torch.autograd.grad([y for y, _ in pairs], params, [d for _, d in pairs], retain_graph=True)
