@@ -20,6 +20,7 @@ from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import (
     ActingPolicy, BehaviourSampler, GaussianHead, MLPEncoder, Softsign, learning_module, make_torso,
+    softsign_and_denominator, softsign_backward,
 )
 from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.vracer import Standardize, VRACERLoss
@@ -68,8 +69,11 @@ class VRACERHead(nn.Module):
         self.register_buffer("half_range", (high - low) / 2)
 
     def forward(self, core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        loc, std = self.policy(core)
-        return self.value(core), self.center + self.half_range * loc, self.half_range * std
+        return self.value(core), *self.env_units(*self.policy(core))
+
+    def env_units(self, loc: torch.Tensor, std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's mean and std from [-1, 1] action units to the env's bounds (App. B)."""
+        return self.center + self.half_range * loc, self.half_range * std
 
 
 class _NetworkFunction(torch.autograd.Function):
@@ -128,27 +132,25 @@ class WrittenOutNetwork:
         """``(V, loc, scale)`` as the modules compute them (:class:`Standardize`, ``nn.Linear``, :class:`Softsign`,
         :class:`VRACERHead`) with ``params`` (:meth:`parameters`), and what the backward reads: each hidden layer's
         input and Softsign denominator, then the last one's output."""
-        norm, head = self.standardize, self.head
         *layers, (value_w, value_b, loc_w, loc_b), raw_std = _pairs(params)
-        x = (obs - norm.loc) / (norm.scale + norm.eps)
+        x = self.standardize(obs)
         activations = []
         for weight, bias in layers:
-            pre = nn.functional.linear(x, weight, bias)
-            denominator = pre.abs().add_(1.0)
-            activations += [x, denominator]
-            x = pre / denominator
+            activations.append(x)
+            x, denominator = softsign_and_denominator(nn.functional.linear(x, weight, bias))
+            activations.append(denominator)
         raw_loc = nn.functional.linear(x, loc_w, loc_b)
         std = nn.functional.softplus(raw_std).expand_as(raw_loc)
         value = nn.functional.linear(x, value_w, value_b)
-        return (value, head.center + head.half_range * raw_loc, head.half_range * std), [*activations, x]
+        return (value, *self.head.env_units(raw_loc, std)), [*activations, x]
 
     def gradients(self, activations, params, d_value, d_loc, d_scale, observation: bool) -> list[torch.Tensor | None]:
         """The observation's gradient (None unless ``observation``), then the parameters' in :meth:`parameters`'
         order, from the outputs' (None: zero) and :meth:`evaluate`'s ``params`` and activations."""
         half, core = self.head.half_range, activations[-1]
         *layers, (value_w, _, loc_w, _), raw_std = _pairs(params)
-        d_value = torch.zeros_like(core[:, :1]) if d_value is None else d_value
-        d_raw_loc = torch.zeros_like(half * core[:, :1]) if d_loc is None else d_loc * half
+        d_value = core.new_zeros(core.shape[0], 1) if d_value is None else d_value
+        d_raw_loc = core.new_zeros(core.shape[0], half.numel()) if d_loc is None else d_loc * half
         d_raw_std = torch.zeros_like(raw_std) if d_scale is None else torch.ops.aten.softplus_backward(
             (d_scale * half).sum(0), raw_std, 1.0, 20.0)
         heads = [d_value.t().mm(core), d_value.sum(0), d_raw_loc.t().mm(core), d_raw_loc.sum(0)]
@@ -156,7 +158,7 @@ class WrittenOutNetwork:
         grads = []
         for depth in reversed(range(len(layers))):
             x, denominator = activations[2 * depth : 2 * depth + 2]
-            d_pre = d_x / (denominator * denominator)  # Softsign's derivative (modules._SoftsignFunction)
+            d_pre = softsign_backward(d_x, denominator)
             grads = [d_pre.t().mm(x), d_pre.sum(0), *grads]
             if depth or observation:
                 d_x = d_pre.mm(layers[depth][0])
