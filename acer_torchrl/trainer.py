@@ -252,17 +252,13 @@ class Trainer:
         if batch.device != self.device:  # a CPU batch for a CUDA learner (a copy per key even when already there)
             batch = batch.to(self.device)
         with set_recurrent_mode(True):
-            out = self.loss(batch)
-        total = sum(v for k, v in out.items() if k.startswith("loss_"))
-        if not torch.isfinite(total):
+            out = self.loss.forward_backward(batch, self.params)  # the gradients set, not added to the last ones
+        if not torch.isfinite(sum(v for k, v in out.items() if k.startswith("loss_"))):
             bad = [k for k, v in out.items() if k.startswith("loss_") and not torch.isfinite(v).all()]
             raise TrainingError(
                 f"non-finite loss at update {self.counters.updates} ({', '.join(bad)}); lower optim.lr or check "
                 "the importance weights (behaviour statistics) in the collected data"
             )
-        for param in self.params:  # zero_grad(set_to_none=True) without the optimiser's profiling wrapper
-            param.grad = None
-        total.backward()
         grad_norm = self.clip_gradients()
         for group in self.optimizer.param_groups:  # the run's schedule x the loss's own annealing (ReF-ER eq. 13)
             group["lr"] = self.cfg.optim.lr * self.lr_schedule() * self.loss.lr_scale()

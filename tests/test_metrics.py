@@ -2,6 +2,7 @@
 reading of its definition, and the trainer's evaluation schedule that fills its window."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -128,7 +129,8 @@ class Lean(torch.nn.Module):
 
 def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked_with():
     """The evaluation process plays the same games from the same seed as the learner would, on a copy of the
-    weights taken when asked (the learner changes them right after), and returns results in order."""
+    weights taken when asked (the learner changes them right after), and returns results in order; it runs at a
+    lower priority than the learner."""
     from acer_torchrl.envs import make_env_fn
 
     cfg = load_config("acer", ["preset=cartpole", "eval.episodes=4", "eval.max_steps=200"])
@@ -150,6 +152,9 @@ def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked
         assert got == expected
         assert len({r[1] for r in expected}) > 1  # the weights made a difference
         assert background.drain() == [] and inline.drain() == []
+        # its games below the learner's and the workers' priority (they take no core from an update)
+        learner = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, background._process.pid) == min(learner + 10, 19)
     finally:
         inline.close()
         background.close()

@@ -226,6 +226,28 @@ def test_a_due_checkpoint_waits_for_the_evaluation_in_play_at_most_half_an_inter
     assert trainer.log.rows[-1]["env_steps"] == 1000 and trainer.log.rows[-1]["eval_return_mean"] == 42.0
 
 
+@pytest.mark.parametrize("algo, preset", [("vracer", "pendulum"), ("acer", "cartpole")])
+def test_nan_behaviour_statistics_end_the_update_with_one_clear_error_before_any_step(tmp_path, algo, preset):
+    """A drawn batch whose stored behaviour statistics (the importance weights' denominators) are NaN: the update
+    raises one TrainingError naming the non-finite loss terms, once the gradient is computed (V-RACER's written out,
+    ACER's by autograd) and before the optimiser moves any parameter."""
+    from acer_torchrl.config import load_config
+    from acer_torchrl.trainer import Trainer, TrainingError
+
+    trainer = Trainer(load_config(algo, [f"preset={preset}", "collector.workers=0", "replay.min_size=300",
+                                         f"run_dir={tmp_path}/run", "log.progress=false", "eval.background=false"]))
+    trainer.fill_replay(400)
+    batch = trainer.draw_batch(next(s for s in trainer.loss.update_plan(trainer.rng) if s < 1.0))
+    behaviour = batch.get("behaviour")
+    for key in behaviour.keys(True, True):
+        if behaviour.get(key).is_floating_point():
+            behaviour.get(key).fill_(float("nan"))
+    before = [p.detach().clone() for p in trainer.params]
+    with pytest.raises(TrainingError, match=r"non-finite loss at update 0 \(loss_.*\); lower optim.lr"):
+        trainer.update(batch)
+    assert all(torch.equal(p, b) for p, b in zip(trainer.params, before))
+
+
 @pytest.mark.parametrize("max_norm", [0.5, math.inf])
 def test_gradients_clipped_at_max_grad_norm_and_the_norm_before_clipping_returned(tmp_path, probe_registered, max_norm):
     from acer_torchrl.config import load_config

@@ -284,10 +284,10 @@ def test_rule1_zeroes_exactly_the_far_policy_gradients():
 
 @pytest.mark.parametrize("beta", [0.7, 0.0])
 def test_gradient_of_every_parameter_is_autograd_of_the_paper_terms(beta):
-    """The loss's written-out gradients (``_ReFERTerms``: V, mean and the state-independent std) against autograd
-    of eq. 5, 9 and 11 written step by step, Rule 1 by a loop over the steps, on every parameter (the std's
-    included, which no observation gradient reaches), with far-policy rows, 0 < beta < 1 (eq. 10) and beta = 0
-    (Rule 2's penalty alone)."""
+    """The loss's written-out gradients (``refer_terms``: V, mean and the state-independent std; under autograd and in
+    ``forward_backward``, the trainer's call) against autograd of eq. 5, 9 and 11 written step by step, Rule 1 by a
+    loop over the steps, on every parameter (the std's included, which no observation gradient reaches), with
+    far-policy rows, 0 < beta < 1 (eq. 10) and beta = 0 (Rule 2's penalty alone)."""
     agent = make_agent(n_start=10)
     replay = EpisodeReplay(200, seed=0)
     fill(agent, replay)
@@ -317,10 +317,12 @@ def test_gradient_of_every_parameter_is_autograd_of_the_paper_terms(beta):
         terms.append(term)
     ref = torch.autograd.grad(torch.stack(terms).sum() / 16, params, allow_unused=True)
     assert far == 4
-    for g, r in zip(grads, ref):
+    loss.forward_backward(sample, params)  # the trainer's call: no graph, the gradients written out
+    for g, trainers, r in zip(grads, [p.grad for p in params], ref):
         assert (g is None) == (r is None)
         if r is not None:
             torch.testing.assert_close(g, r)
+            torch.testing.assert_close(trainers, r)
     names = [name for name, p in loss.named_parameters() if p.requires_grad]
     std = next(i for i, name in enumerate(names) if name.endswith("raw_std"))  # reached through sigma alone
     assert grads[std].abs().sum() > 0
@@ -357,6 +359,37 @@ def test_written_out_network_gives_the_modules_outputs_and_autograds_gradients_t
         names = ["observation", *(n for n, p in network.named_parameters() if p.requires_grad)]
         for name, a, b in zip(names, mine, ref):
             assert torch.equal(a, torch.zeros_like(a) if b is None else b), (absent, name)
+
+
+@pytest.mark.parametrize("beta, rule1, masked", [(0.7, True, False), (0.0, True, False), (0.7, True, True),
+                                                  (0.7, False, False)])
+def test_forward_backward_without_a_graph_gives_autograds_gradients_to_the_bit(beta, rule1, masked):
+    """``VRACERLoss.forward_backward`` (what the trainer calls: the written-out ReF-ER terms through the written-out
+    network, no autograd graph) against autograd of ``forward``'s losses' sum: every output and every parameter's
+    gradient equal bit for bit, with far-policy rows (Rule 1 on: their terms gated; off: rho clipped, sec. 5.3),
+    0 < beta < 1, beta = 0 (Rule 2 alone) and a padding mask (a shared replay's replaced steps)."""
+    agent = make_agent(n_start=10, **{"vracer.rule1": rule1})
+    replay = EpisodeReplay(200, seed=0)
+    fill(agent, replay)
+    perturb(agent.loss.network, seed=12, scale=0.1)
+    sample = far_policy_sample(agent, replay)
+    if masked:
+        sample.set("mask", torch.arange(16).reshape(sample.shape) % 3 != 1)
+    loss = agent.loss
+    loss.refer.beta.fill_(beta)
+    params = [p for p in loss.parameters() if p.requires_grad]
+    ref_out = loss(sample)
+    ref = torch.autograd.grad(sum(v for k, v in ref_out.items() if k.startswith("loss_")), params)
+    for p in params:
+        p.grad = torch.ones_like(p)  # replaced, not added to
+    out = loss.forward_backward(sample, params)
+    assert set(out.keys()) == set(ref_out.keys())
+    for key, value in ref_out.items():
+        assert torch.equal(out[key], value.detach()), key
+    names = [name for name, p in loss.named_parameters() if p.requires_grad]
+    for name, p, r in zip(names, params, ref):
+        assert torch.equal(p.grad, r), name
+        assert p.grad.abs().sum() > 0 or (beta == 0 and ".value." in name), name  # beta = 0: no value term
 
 
 def test_written_out_network_only_for_softsign_layers():

@@ -104,7 +104,8 @@ class WrittenOutNetwork:
     nodes, the heads' ``mul``/``add``/``softplus``/``expand``) cost as much as their arithmetic at V-RACER's batch
     of 256 on one core: its forward and backward 0.83-0.90 -> 0.72-0.80 ms (``benchmarks/results/learner.md``).
     The loss calls it instead of the TensorDict network (:class:`~acer_torchrl.objectives.vracer.VRACERLoss`'s
-    ``network_call``); :meth:`of` gives None for hidden activations other than :class:`Softsign`."""
+    ``network_call``), and the trainer's update calls :meth:`evaluate` and :meth:`gradients` without autograd
+    (``VRACERLoss.forward_backward``); :meth:`of` gives None for hidden activations other than :class:`Softsign`."""
 
     def __init__(self, encoder: StandardizedMLP, head: VRACERHead):
         self.standardize = encoder.standardize

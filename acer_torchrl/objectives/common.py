@@ -54,6 +54,16 @@ class ReplayLoss(LossModule):
         replay when the batch is drawn (V-RACER's ``V^tbc`` and ``Q^ret``)."""
         return sample
 
+    def forward_backward(self, td: TensorDictBase, params: Sequence[torch.Tensor]) -> TensorDictBase:
+        """``forward(td)``, with the gradient of the sum of its ``loss_*`` entries in the ``.grad`` of each of
+        ``params`` (None where it does not reach): autograd here; a loss may compute the same gradient its own way
+        (V-RACER's written-out network)."""
+        out = self(td)
+        for param in params:  # zero_grad(set_to_none=True) without an optimiser's profiling wrapper
+            param.grad = None
+        sum(v for k, v in out.items() if k.startswith("loss_")).backward()
+        return out
+
     def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay) -> None:
         """Called after each optimiser step with the batch it used (write-backs, controllers)."""
 

@@ -149,11 +149,11 @@ class TruncatedGaussian(D.Independent):
 # ---------------------------------------------------------------------------------------------- loss terms
 
 
-class _ReFERTerms(torch.autograd.Function):
-    """V-RACER's three loss terms under ReF-ER as one autograd node: the values of :class:`VRACERLoss`'s
-    docstring, and their gradients w.r.t. the network's outputs ``V``, ``m`` and ``sigma`` written out, as
-    Algorithm 3 writes ``g^ReF-ER`` (autograd through the ~30 small tensor ops of the Gaussian log-density,
-    the weights, the gating and the KL cost more than the network's own backward at batch 256).
+def refer_terms(value, loc, scale, log_rho, action, mu_loc, mu_scale, v_tbc, q_ret, refer, mask) -> tuple:
+    """V-RACER's three loss terms under ReF-ER, the values of :class:`VRACERLoss`'s docstring, with their gradients
+    w.r.t. the network's outputs ``V``, ``m`` and ``sigma`` written out, as Algorithm 3 writes ``g^ReF-ER``
+    (autograd through the ~30 small tensor ops of the Gaussian log-density, the weights, the gating and the KL
+    cost more than the network's own backward at batch 256).
 
     Per step (``z = (a - m) / sigma``, ``A = Q^ret - V`` not differentiated, eq. 5; ``s_k`` the batch mean's
     weight, ``1/B`` or the padding mask's):
@@ -165,35 +165,45 @@ class _ReFERTerms(torch.autograd.Function):
     * Rule 2, eq. 11: ``d D_KL(mu || pi) / d m = (m - m_mu) / sigma^2``,
       ``d D_KL / d sigma = 1 / sigma - (sigma_mu^2 + (m - m_mu)^2) / sigma^3``;
 
-    times ``beta s_k`` (the first two) and ``(1 - beta) s_k`` (eq. 10). ``tests/test_vracer.py`` compares them
-    with autograd of the terms written step by step.
+    times ``beta s_k`` (the first two) and ``(1 - beta) s_k`` (eq. 10). Returns ``loss_objective``,
+    ``loss_critic``, ``loss_kl``, the per-step ``D_KL`` and Rule 1's ``near`` mask, then the partial derivatives
+    ``d loss_critic / dV``, ``d loss_objective / dm``, ``d loss_objective / d sigma``, ``d loss_kl / dm`` and
+    ``d loss_kl / d sigma``. ``tests/test_vracer.py`` compares them with autograd of the terms written step by step.
     """
+    near = refer.near_policy(log_rho)  # Rule 1 (eq. 10)
+    rho, slope = refer.weight(log_rho, near)  # far-policy: 1; ReF-ER-2: min(rho, 10^3) (sec. 5.3)
+    advantage = q_ret - value
+    kl = gaussian_kl(mu_loc, mu_scale, loc, scale)
+    losses = (
+        refer.gate(-rho * advantage, near, mask),  # off-PG, eq. 5
+        refer.gate(0.5 * (value - v_tbc).pow(2), near, mask),  # eq. 9
+        refer.penalty(kl, mask),  # Rule 2, eq. 10-11
+    )
+    share = 1.0 / value.numel() if mask is None else mask.to(value.dtype) / mask.sum().clamp_min(1)
+    on, off = refer.beta * share, (1.0 - refer.beta) * share
+    z = (action - loc) / scale
+    pg = torch.where(near, -slope * advantage, 0.0) * on
+    diff = loc - mu_loc
+    partials = (
+        torch.where(near, value - v_tbc, 0.0) * on,  # d loss_critic / dV
+        pg * z / scale,  # d loss_objective / dm
+        pg * (z.pow(2) - 1.0) / scale,  # d loss_objective / d sigma
+        off * diff / scale.pow(2),  # d loss_kl / dm
+        off * (1.0 / scale - (mu_scale.pow(2) + diff.pow(2)) / scale.pow(3)),  # d loss_kl / d sigma
+    )
+    return *losses, kl, near, *partials
+
+
+class _ReFERTerms(torch.autograd.Function):
+    """:func:`refer_terms` as one autograd node: its backward is the written-out partials times the gradients of
+    the three losses."""
 
     @staticmethod
-    def forward(ctx, value, loc, scale, log_rho, action, mu_loc, mu_scale, v_tbc, q_ret, refer, mask):
-        near = refer.near_policy(log_rho)  # Rule 1 (eq. 10)
-        rho, slope = refer.weight(log_rho, near)  # far-policy: 1; ReF-ER-2: min(rho, 10^3) (sec. 5.3)
-        advantage = q_ret - value
-        kl = gaussian_kl(mu_loc, mu_scale, loc, scale)
-        losses = (
-            refer.gate(-rho * advantage, near, mask),  # off-PG, eq. 5
-            refer.gate(0.5 * (value - v_tbc).pow(2), near, mask),  # eq. 9
-            refer.penalty(kl, mask),  # Rule 2, eq. 10-11
-        )
-        share = 1.0 / value.numel() if mask is None else mask.to(value.dtype) / mask.sum().clamp_min(1)
-        on, off = refer.beta * share, (1.0 - refer.beta) * share
-        z = (action - loc) / scale
-        pg = torch.where(near, -slope * advantage, 0.0) * on
-        diff = loc - mu_loc
-        ctx.save_for_backward(
-            torch.where(near, value - v_tbc, 0.0) * on,  # d loss_critic / dV
-            pg * z / scale,  # d loss_objective / dm
-            pg * (z.pow(2) - 1.0) / scale,  # d loss_objective / d sigma
-            off * diff / scale.pow(2),  # d loss_kl / dm
-            off * (1.0 / scale - (mu_scale.pow(2) + diff.pow(2)) / scale.pow(3)),  # d loss_kl / d sigma
-        )
-        ctx.mark_non_differentiable(kl, near)
-        return *losses, kl, near
+    def forward(ctx, *inputs):
+        *outputs, critic_v, objective_m, objective_s, kl_m, kl_s = refer_terms(*inputs)
+        ctx.save_for_backward(critic_v, objective_m, objective_s, kl_m, kl_s)
+        ctx.mark_non_differentiable(*outputs[3:])  # kl, near
+        return tuple(outputs)
 
     @staticmethod
     def backward(ctx, d_objective, d_critic, d_kl, *_):
@@ -227,8 +237,9 @@ class VRACERLoss(ReplayLoss):
         n_start: stored steps before the state and reward statistics are fitted (``N_start``, Alg. 1;
             the trainer starts updating at ``replay.min_size``, pass that).
         lr: the optimiser's initial learning rate (annealed by eq. 13, also ``eta`` of eq. 12).
-        network_call: ``observation -> (V, loc, scale)``, the same computation as ``network`` on its first in_key,
-            called instead of it (``algorithms.vracer.WrittenOutNetwork``: its gradient written out); None: ``network``.
+        network_call: ``network`` with its gradient written out (``algorithms.vracer.WrittenOutNetwork``: called
+            ``observation -> (V, loc, scale)`` on its first in_key, and ``parameters``, ``evaluate``, ``gradients``
+            for :meth:`forward_backward`), called instead of it; None: ``network`` (under autograd).
         The other keyword arguments are the fields of :class:`VRACERConfig`.
     """
 
@@ -349,9 +360,13 @@ class VRACERLoss(ReplayLoss):
         """``V(s)``, the mean and the std of the network at the observation keys of ``td``."""
         keys = self.tensor_keys
         if self.network_call is not None:
-            return self.network_call(td.get(self.network.in_keys[0]))
+            return self.network_call(self._observation(td))
         out = self._network(td)
         return out[keys.value], out[keys.loc], out[keys.scale]
+
+    def _observation(self, td: TensorDictBase) -> torch.Tensor:
+        """The network's input (its first in_key) in ``td``, for ``network_call``."""
+        return td.get(self.network.in_keys[0])
 
     def _log_rho(self, td: TensorDictBase, loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """``log rho = log pi(a|s) - log mu(a|s)`` for the policy ``(loc, scale)``, ``[*td.shape, 1]``."""
@@ -375,17 +390,44 @@ class VRACERLoss(ReplayLoss):
 
     # ------------------------------------------------------------------ loss
     def forward(self, td: TensorDictBase) -> TensorDictBase:
+        return self._terms(td, *self._outputs(td), terms=_ReFERTerms.apply)[0]
+
+    def forward_backward(self, td: TensorDictBase, params: list[torch.Tensor]) -> TensorDictBase:
+        """:meth:`forward`, with the gradient of its losses' sum in the ``.grad`` of ``params``: with the written-out
+        network (``network_call``), Algorithm 3's ``g^ReF-ER`` (:func:`refer_terms`) through its written-out backward,
+        without an autograd graph (what autograd computes from those two nodes, the same bits: ``tests/test_vracer.py``;
+        0.2-0.25 ms less than forward and ``backward()`` at V-RACER's batch of 256, ``benchmarks/results/learner.md``);
+        otherwise autograd (:meth:`ReplayLoss.forward_backward`)."""
+        network = self.network_call
+        if network is None:
+            return super().forward_backward(td, params)
+        with torch.no_grad():
+            network_params = network.parameters()
+            outputs, activations = network.evaluate(self._observation(td), network_params)
+            out, (critic_v, objective_m, objective_s, kl_m, kl_s) = self._terms(td, *outputs, terms=refer_terms)
+            # the sum's gradient reaches V, m and sigma as backward() takes it: 1 x each loss's partials, added
+            grads = network.gradients(activations, network_params, critic_v, objective_m + kl_m, objective_s + kl_s,
+                                      observation=False)[1:]
+        for param in params:
+            param.grad = None
+        for param, grad in zip(network_params, grads):
+            param.grad = grad
+        return out
+
+    def _terms(self, td: TensorDictBase, value, loc, scale, terms: Callable) -> tuple[TensorDictBase, tuple]:
+        """The loss's output for the network's ``V``, mean and std at ``td``'s steps, computed by ``terms``
+        (:func:`refer_terms` or its autograd node :class:`_ReFERTerms`), and the partial derivatives ``terms`` returns
+        after the values (:func:`refer_terms`'; none from the node, which keeps them for its backward)."""
         keys = self.tensor_keys
-        value, loc, scale = self._outputs(td)
         mu = td.get(keys.behaviour)
         with torch.no_grad():
             log_rho = self._log_rho(td, loc, scale)
-        loss_objective, loss_critic, loss_kl, kl, near = _ReFERTerms.apply(
+        loss_objective, loss_critic, loss_kl, kl, near, *partials = terms(
             value, loc, scale, log_rho, td.get(keys.action), mu.get("loc"), mu.get("scale"),
             td[self._stored_key(VTBC)], td[self._stored_key(QRET)],  # added by before_update
             self.refer, mask := padding_mask(td),
         )
-        return TensorDict(
+        out = TensorDict(
             {
                 "loss_objective": loss_objective,
                 "loss_critic": loss_critic,
@@ -404,6 +446,7 @@ class VRACERLoss(ReplayLoss):
             },
             batch_size=[],
         )
+        return out, tuple(partials)
 
     # ------------------------------------------------------------------ trainer hooks
     def preprocess(self, batch: TensorDictBase) -> TensorDictBase:
