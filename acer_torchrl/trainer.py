@@ -38,6 +38,7 @@ from acer_torchrl.envs import env_info, make_env_fn
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config
 from acer_torchrl.health import Health
 from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, make_loggers, plot_learning_curve
+from acer_torchrl.objectives.common import objective
 from acer_torchrl.optim import AdamStep
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay
 from acer_torchrl.rundir import prepare_run_dir
@@ -253,7 +254,7 @@ class Trainer:
             batch = batch.to(self.device)
         with set_recurrent_mode(True):
             out = self.loss.forward_backward(batch, self.params)  # the gradients set, not added to the last ones
-        if not torch.isfinite(sum(v for k, v in out.items() if k.startswith("loss_"))):
+        if not torch.isfinite(objective(out)):
             bad = [k for k, v in out.items() if k.startswith("loss_") and not torch.isfinite(v).all()]
             raise TrainingError(
                 f"non-finite loss at update {self.counters.updates} ({', '.join(bad)}); lower optim.lr or check "

@@ -22,6 +22,11 @@ from torchrl.objectives import LossModule
 from acer_torchrl.objectives.names import MASK_KEY
 
 
+def objective(out: TensorDictBase) -> torch.Tensor:
+    """The sum of a loss output's ``loss_*`` entries: what its gradient is taken of."""
+    return sum(v for k, v in out.items() if k.startswith("loss_"))
+
+
 class ReplayLoss(LossModule):
     """Base of the four losses. Subclasses set ``seq_len`` and override the hooks they need.
 
@@ -61,7 +66,7 @@ class ReplayLoss(LossModule):
         out = self(td)
         for param in params:  # zero_grad(set_to_none=True) without an optimiser's profiling wrapper
             param.grad = None
-        sum(v for k, v in out.items() if k.startswith("loss_")).backward()
+        objective(out).backward()
         return out
 
     def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay) -> None:
