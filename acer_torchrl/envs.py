@@ -313,6 +313,12 @@ def env_info(cfg: EnvConfig) -> EnvInfo:
         env.close()
 
 
+def stacked_frames(cfg: EnvConfig) -> int:
+    """``k`` when the env's observation is a stack of its last ``k`` frames (Atari), else 1: what the replay
+    needs to store each frame once (:class:`~acer_torchrl.frame_store.FrameStore`)."""
+    return cfg.frame_stack if env_family(cfg.name) == "atari" else 1
+
+
 def validate_env_config(cfg: EnvConfig) -> None:
     """Check ``cfg`` without building an env: a ``ValueError`` with one line naming the key otherwise."""
     env_family(cfg.name)

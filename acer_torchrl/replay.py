@@ -14,7 +14,8 @@ belongs to, its position in that episode and the slots of the previous / next st
 * an observation is stored once: ``("next", "observation")`` of a step is read from its successor's
   ``"observation"``; only the last step of each collected chunk (an episode's end, or the newest step of a
   trajectory still running) keeps its own next observation, in a small side storage (``episode_ends``).
-  An Atari frame thus costs one uint8 frame per step, not two;
+  Stacked Atari observations (``frame_stack``) go further: each frame is stored once, in a ring of single
+  frames (:class:`~acer_torchrl.frame_store.FrameStore`), and a step costs one uint8 frame, not ``2k``;
 * a trajectory is never linked across steps that did not arrive. TorchRL 0.14's ``MultiAsyncCollector``
   drops a worker's batch when its one-slot output queue stays full for a second (a busy learner: the worker
   collects its next batch over the unsent one); ours has a slot per worker and drops nothing
@@ -40,6 +41,7 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Storage, TensorDictReplayBuffer
 
 from acer_torchrl._torchrl_compat import set_write_position, stored_tensordict
+from acer_torchrl.frame_store import FrameStore, frame_capacity
 from acer_torchrl.objectives.names import MASK_KEY, SLOT_KEY, WRITE_KEY
 from acer_torchrl.objectives.stored_estimates import EpisodeLinks, write_index
 from acer_torchrl.validation import ConfigError
@@ -48,6 +50,7 @@ TRAJ_KEY = ("collector", "traj_ids")
 STEP_KEY = "step_count"  # the env's step counter (TorchRL's StepCounter): finds steps the collectors dropped
 _LINKS = ("episode", "position", "prev", "next", "first", "alive", "end_entry")
 SUCCESSOR_KEYS = ("observation",)  # keys whose ("next", key) is the successor step's key: stored once
+FRAMES_KEY = "observation"  # the key a frame store keeps as single frames (when the replay has one)
 LINK_BYTES = 6 * 8 + 1  # the per-slot links: six int64 and one bool
 
 
@@ -125,6 +128,8 @@ class EpisodeReplay:
         capacity: steps held.
         scratch_dir: when given, memory-mapped storage in that directory (RAM stays small for Atari).
         seed: sampling seed.
+        frame_stack: ``k > 1`` when ``"observation"`` is a stack of the last ``k`` frames (Atari): its frames
+            are stored once each (:class:`~acer_torchrl.frame_store.FrameStore`).
     """
 
     def __init__(
@@ -133,17 +138,18 @@ class EpisodeReplay:
         *,
         scratch_dir: str | Path | None = None,
         seed: int = 0,
+        frame_stack: int = 1,
     ):
         self.capacity = capacity
         self.in_memory = scratch_dir is None
         check_memory(capacity, capacity * LINK_BYTES, "its episode links")
 
-        def storage(subdir: str | None = None):
+        def storage(subdir: str | None = None, size: int = capacity):
             if scratch_dir is None:
-                return LazyTensorStorage(capacity)
+                return LazyTensorStorage(size)
             # existsok: a resumed run writes over the files its killed predecessor left (the checkpoint has its own)
             path = Path(scratch_dir, subdir) if subdir else Path(scratch_dir)
-            return LazyMemmapStorage(capacity, scratch_dir=str(path), existsok=True)
+            return LazyMemmapStorage(size, scratch_dir=str(path), existsok=True)
 
         self.buffer = TensorDictReplayBuffer(storage=storage())
         # next observations of chunk ends, a ring written in slot order (its entries are only touched when
@@ -151,6 +157,10 @@ class EpisodeReplay:
         self.episode_ends = storage("episode_ends")
         self.end_entries_written = 0
         self.successor_keys: tuple[str, ...] | None = None  # fixed by the first batch (or a loaded replay)
+        self.frames = (
+            FrameStore(capacity, frame_stack, storage("frames", frame_capacity(capacity, frame_stack)))
+            if frame_stack > 1 else None
+        )
         self.generator = torch.Generator().manual_seed(seed)
         long = dict(dtype=torch.long)
         self.episode = torch.full((capacity,), -1, **long)  # episode id of each slot
@@ -184,17 +194,17 @@ class EpisodeReplay:
         n_rows, T = traj.shape
         if flat.numel() > self.capacity:
             raise ValueError(f"a collected batch of {flat.numel()} steps exceeds replay.capacity={self.capacity}")
-        if self.steps_written == 0 and self.in_memory:
-            step_bytes = sum(v[0].numel() * v.element_size() for v in flat.values(True, True))
-            check_memory(self.capacity, self.capacity * step_bytes, f"its steps ({step_bytes} bytes each)")
+        stacked = (FRAMES_KEY, ("next", FRAMES_KEY)) if self.frames is not None else ()
+        if self.steps_written == 0:
+            self._check_first_batch(flat, stacked)
         # slots the round-robin writer will use: evict the episodes living there first
         start = self.steps_written % self.capacity
         slots = (start + torch.arange(flat.numel())) % self.capacity
         self._evict(slots)
         if self.successor_keys is None:
-            stored = set(flat.keys(True))
+            stored = set(flat.keys(True)) - set(stacked)
             self.successor_keys = tuple(k for k in SUCCESSOR_KEYS if k in stored and ("next", k) in stored)
-        written = self.buffer.extend(flat.exclude(*[("next", k) for k in self.successor_keys]))
+        written = self.buffer.extend(flat.exclude(*stacked, *[("next", k) for k in self.successor_keys]))
         assert torch.equal(written.reshape(-1), slots), "replay writer is not round robin"
         self.steps_written += flat.numel()
 
@@ -207,6 +217,7 @@ class EpisodeReplay:
         done_flat = done.reshape(-1)
         step_count = rows.get(STEP_KEY, None)
         step_count = step_count.reshape(-1).tolist() if step_count is not None else None
+        continues: list[int | None] = []  # per chunk: the slot it continues from (None: a trajectory's start)
         for a, b in zip(starts[:-1], starts[1:]):  # one iteration per trajectory chunk
             tid = int(traj_flat[a])
             chunk = slots[a:b]
@@ -215,6 +226,7 @@ class EpisodeReplay:
                 # the collector dropped steps of this trajectory: cut it there, never link across the gap
                 self.steps_missing += max(step_count[a] - expected, 0)
                 self._open.pop(tid, None)
+            continues.append(self._open[tid][1] if tid in self._open else None)
             if tid in self._open:
                 ep, last, count, _ = self._open[tid]
                 alive = bool(self.alive[last]) and int(self.episode[last]) == ep
@@ -239,8 +251,31 @@ class EpisodeReplay:
             else:
                 self._open[tid] = (ep, int(chunk[-1]), count + n, step_count[b - 1] if step_count is not None else -1)
         self._store_chunk_ends(flat, slots, torch.tensor(starts[1:]) - 1)
+        if self.frames is not None:
+            self._store_frames(flat, slots, starts, continues)
         self._alive_slots = None
         return slots
+
+    def _check_first_batch(self, flat: TensorDictBase, stacked: tuple) -> None:
+        """Before the first write: the observations fit the frame store, and the replay fits in memory."""
+        if self.frames is not None:
+            self.frames.check(flat.get(FRAMES_KEY))
+        if not self.in_memory:
+            return
+        step_bytes = sum(flat.get(k)[0].numel() * flat.get(k).element_size() for k in flat.keys(True, True)
+                         if k not in stacked)
+        nbytes = self.capacity * step_bytes
+        if self.frames is not None:
+            nbytes += self.frames.nbytes(flat.get(FRAMES_KEY))
+        check_memory(self.capacity, nbytes, f"its steps ({nbytes // self.capacity} bytes each)")
+
+    def _store_frames(self, flat: TensorDictBase, slots: torch.Tensor, starts: list[int], continues: list) -> None:
+        """The batch's frames into the frame store; episodes whose frames its ring overwrote are evicted, as for
+        step slots."""
+        chunks = [(a, b, last) for a, b, last in zip(starts[:-1], starts[1:], continues)]
+        victims = self.frames.store(flat.get(FRAMES_KEY), flat.get(("next", FRAMES_KEY)), slots, self.episode[slots], chunks)
+        if victims.numel():
+            self.alive &= ~torch.isin(self.episode, victims)
 
     def _store_chunk_ends(self, flat: TensorDictBase, slots: torch.Tensor, ends: torch.Tensor) -> None:
         """Keep the next observation of each chunk's last step (batch positions ``ends``): it has no
@@ -299,6 +334,7 @@ class EpisodeReplay:
     def _index(self, flat_idx: torch.Tensor, keys: list[NestedKey] | None) -> TensorDictBase:
         """Stored steps at 1-D ``flat_idx``; only ``keys`` (those stored) when given."""
         rebuilt = [k for k in self.successor_keys or () if keys is None or ("next", k) in keys]
+        stacks = self._stacks(flat_idx, keys) if self.frames is not None else {}
         if keys is None:
             data = self.buffer.storage.get(flat_idx)
         else:  # one index_select per stored column: a third of the time TensorDict's own indexing takes
@@ -310,7 +346,18 @@ class EpisodeReplay:
             )
         for key in rebuilt:
             data.set(("next", key), self._next_value(key, flat_idx))
+        for key, value in stacks.items():
+            data.set(key, value)
         return data
+
+    def _stacks(self, flat_idx: torch.Tensor, keys: list[NestedKey] | None) -> dict[NestedKey, torch.Tensor]:
+        """The stacked observations of ``keys`` (all when None) at ``flat_idx``, from the frame store."""
+        current = keys is None or FRAMES_KEY in keys
+        following = keys is None or ("next", FRAMES_KEY) in keys
+        if not (current or following):
+            return {}
+        observation, following_obs = self.frames.gather(flat_idx, current, following)
+        return {k: v for k, v in ((FRAMES_KEY, observation), (("next", FRAMES_KEY), following_obs)) if v is not None}
 
     def _next_value(self, key: str, flat_idx: torch.Tensor) -> torch.Tensor:
         """``("next", key)`` at stored steps: the successor's ``key``, or the chunk end's own copy."""
@@ -417,6 +464,10 @@ class EpisodeReplay:
             save_rows(self.buffer.storage, min(self.steps_written, self.capacity), path / "steps")
         links = {name: getattr(self, name) for name in _LINKS}
         links["generator"] = self.generator.get_state()
+        if self.frames is not None:
+            links.update(self.frames.state())
+            if self.frames.filled():
+                save_rows(self.frames.storage, self.frames.filled(), path / "frames")
         torch.save(links, path / "links.pt")
         if self.successor_keys:  # only the written entries: the ring is mostly untouched
             save_rows(self.episode_ends, min(self.end_entries_written, self.capacity), path / "episode_ends")
@@ -443,6 +494,12 @@ class EpisodeReplay:
             if name in links:  # replays saved before `end_entry` existed store every next observation
                 getattr(self, name).copy_(links[name])
         self.generator.set_state(links["generator"])
+        if (self.frames is not None) != ("frame_ids" in links):
+            raise ValueError("the saved replay and this run differ in env.frame_stack (frames stored once or not)")
+        if self.frames is not None:
+            self.frames.load_state(links)
+            if (path / "frames").exists():
+                load_rows(self.frames.storage, path / "frames")
         counters = json.loads((path / "counters.json").read_text())
         self.episodes_started = counters["episodes_started"]
         self.steps_written = counters["steps_written"]

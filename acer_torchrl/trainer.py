@@ -34,7 +34,7 @@ from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.collectors import RemoteCollection, make_collector, make_remote_collector
 from acer_torchrl.config import Config, dump_yaml, resume_changes
-from acer_torchrl.envs import env_info, make_env_fn
+from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config
 from acer_torchrl.health import Health
 from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, make_loggers, plot_learning_curve
@@ -154,7 +154,8 @@ class Trainer:
         """The replay this run stores its experience in. A shared-replay sweep overrides it to hand every
         agent a view of one common replay (:mod:`acer_torchrl.shared_replay`)."""
         scratch = self.run_dir / "replay_storage" if self.cfg.replay.memmap else None
-        return EpisodeReplay(self.cfg.replay.capacity, scratch_dir=scratch, seed=self.cfg.seed)
+        return EpisodeReplay(self.cfg.replay.capacity, scratch_dir=scratch, seed=self.cfg.seed,
+                             frame_stack=stacked_frames(self.cfg.env))
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict:

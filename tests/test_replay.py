@@ -324,3 +324,142 @@ def test_online_windows_cut_rows_and_take_freshest():
     assert taken["observation"][4, 0, 0] == 1
     first = online.batches[1]  # 10 steps -> 3 windows, the last with 2 padding steps
     assert first.shape == (3, 4) and first["mask"].sum() == 10 and not first["mask"][2, 2:].any()
+
+
+def stacked(batch, k):
+    """``batch`` (from :func:`make_rows`) with each observation a stack of the last ``k`` frames of its trajectory,
+    as ale-py stacks them: frame ``s`` of trajectory ``i`` encodes ``(i, s)`` and the frames before step 0 are
+    the previous game's, as after a lost life. Now and then (every 23 steps) a step's next observation is a new
+    stack, not its own shifted by one frame, as when ale-py restarts a game: the frames' era changes."""
+    traj, step = batch["collector", "traj_ids"], batch["step_count"].squeeze(-1)
+    back = torch.arange(-k + 1, 1)
+
+    def stacks(at):
+        era = (at + 7 * traj) // 23
+        frames = at.unsqueeze(-1) + back + 1000 * era.unsqueeze(-1)
+        return encode(traj.unsqueeze(-1).expand(*frames.shape), frames, obs_dim=4)
+
+    batch["observation"] = stacks(step)
+    batch["next", "observation"] = stacks(step + 1)
+    return batch
+
+
+def random_batches(n, seed, k=4, rows=3, T=10):
+    """``n`` collected batches of ``rows`` envs x ``T`` steps with episodes that end (terminated) mid-row, run
+    across batches, and a dropped batch (a gap in ``step_count``) now and then."""
+    g = torch.Generator().manual_seed(seed)
+    state = [[r * 1000, 0] for r in range(rows)]  # per env: its trajectory id, its next step
+    for _ in range(n):
+        segments = []
+        for env in range(rows):
+            row, left = [], T
+            while left:
+                tid, first = state[env]
+                if torch.rand((), generator=g) < 0.1:  # a batch the collector dropped: the steps jump
+                    first += 7
+                length = min(left, int(torch.randint(1, 15, (), generator=g)))
+                ends = bool(torch.rand((), generator=g) < 0.4) and length == left or length < left
+                row.append((tid, first, length, ends))
+                state[env] = [tid + 1, 0] if ends else [tid, first + length]
+                left -= length
+            segments.append(row)
+        yield stacked(make_rows(segments), k)
+
+
+@pytest.mark.parametrize("frame_ring", ["default", "tight"])
+def test_frames_stored_once_give_back_the_collected_stacks(monkeypatch, frame_ring):
+    """A replay with a frame store returns, for every stored step it can still sample, the very observation and
+    next observation that were collected (bit for bit, checked against a replay that keeps the stacks), while
+    the ring wraps several times; a tight frame ring evicts episodes whose frames it overwrote, never more than
+    that, and never serves a frame written over."""
+    if frame_ring == "tight":  # the frame ring laps before the step ring: its evictions are the ones tested
+        monkeypatch.setattr("acer_torchrl.replay.frame_capacity", lambda steps, stack: steps + 12)
+    k, capacity = 4, 90
+    plain, framed = EpisodeReplay(capacity, seed=0), EpisodeReplay(capacity, seed=0, frame_stack=k)
+    evicted_by_frames = breaks = 0
+    for batch in random_batches(40, seed=1, k=k):
+        plain.extend(batch.clone())
+        framed.extend(batch.clone())
+        alive = framed.alive_slots()
+        assert set(alive.tolist()) <= set(plain.alive_slots().tolist())
+        evicted_by_frames += plain.alive_slots().numel() - alive.numel()
+        a = framed.gather(alive, ["observation", ("next", "observation")])
+        b = plain.gather(alive, ["observation", ("next", "observation")])
+        assert torch.equal(a["observation"], b["observation"])
+        assert torch.equal(a["next", "observation"], b["next", "observation"])
+        shifted = (a["next", "observation"][:, :-1] == a["observation"][:, 1:]).flatten(1).all(1)
+        breaks += int((~shifted).sum())
+    assert framed.steps_written > 4 * capacity and breaks > 0
+    assert (evicted_by_frames > 0) == (frame_ring == "tight")
+    assert "observation" not in framed.buffer.storage._storage.keys()
+    seq = framed.sample_sequences(8, 5, ["observation", ("next", "observation"), "step_count"])
+    assert seq["observation"].shape == (8, 5, k, 4)
+
+
+@pytest.mark.parametrize("memmap", [False, True])
+def test_frame_store_survives_save_and_load(tmp_path, memmap):
+    k = 4
+    rb = EpisodeReplay(60, seed=0, frame_stack=k, scratch_dir=tmp_path / "a" if memmap else None)
+    for batch in random_batches(12, seed=2, k=k):
+        rb.extend(batch)
+    rb.save(tmp_path / "saved")
+    other = EpisodeReplay(60, seed=0, frame_stack=k, scratch_dir=tmp_path / "b" if memmap else None)
+    other.load(tmp_path / "saved")
+    a, b = rb.sample_sequences(16, 6), other.sample_sequences(16, 6)
+    assert torch.equal(a["observation"], b["observation"]) and torch.equal(a["next", "observation"], b["next", "observation"])
+    for batch in random_batches(3, seed=3, k=k):  # after a resume every trajectory starts anew
+        rb.extend(batch.clone())
+        other.extend(batch.clone())
+    alive = rb.alive_slots()
+    assert torch.equal(alive, other.alive_slots())
+    assert torch.equal(rb.gather(alive)["observation"], other.gather(alive)["observation"])
+    plain = EpisodeReplay(60, seed=0)
+    with pytest.raises(ValueError, match="frame_stack"):
+        plain.load(tmp_path / "saved")
+
+
+def test_frame_store_refuses_observations_that_are_not_stacks():
+    rb = EpisodeReplay(60, seed=0, frame_stack=3)
+    with pytest.raises(ValueError, match="stacks of 3 frames"):
+        rb.extend(next(random_batches(1, seed=0, k=4)))
+
+
+class _RandomActions(torch.nn.Module):
+    """Uniform random actions for a batch of stacked frames."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def forward(self, observation):
+        return torch.randint(self.n, observation.shape[:-3])
+
+
+def test_real_atari_stacks_come_back_from_the_frame_store():
+    """ale-py's stacks as a real collector collects them (Breakout, episodic life: a new episode's first stack
+    holds the lost life's frames; 60-step truncations; two games a worker) come back from the frame store bit
+    for bit, observation and next observation, while the ring wraps."""
+    from tensordict.nn import TensorDictModule
+
+    from acer_torchrl.collectors import make_collector
+    from acer_torchrl.config import EnvConfig
+    from acer_torchrl.envs import make_env_fn
+
+    torch.manual_seed(0)
+    cfg = EnvConfig("ALE/Breakout-v5", num_envs=2, episodic_life=True, max_episode_steps=60)
+    policy = TensorDictModule(_RandomActions(4), in_keys=["observation"], out_keys=["action"])
+    collector = make_collector(make_env_fn(cfg, seed=0), policy, num_workers=0, frames_per_batch=2 * 25, total_frames=1_500)
+    plain, framed = EpisodeReplay(400, seed=0), EpisodeReplay(400, seed=0, frame_stack=4)
+    ends = 0
+    for batch in collector:
+        ends += int(batch["next", "done"].sum())
+        plain.extend(batch.clone())
+        framed.extend(batch.clone())
+        alive = framed.alive_slots()
+        a = framed.gather(alive, ["observation", ("next", "observation")])
+        b = plain.gather(alive, ["observation", ("next", "observation")])
+        assert torch.equal(a["observation"], b["observation"])
+        assert torch.equal(a["next", "observation"], b["next", "observation"])
+    collector.shutdown()
+    assert ends >= 10 and framed.steps_written == 1_500
+    assert a["observation"].dtype == torch.uint8 and a["observation"].shape[1:] == (4, 84, 84)

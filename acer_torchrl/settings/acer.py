@@ -86,7 +86,7 @@ PRESETS: dict[str, dict[str, object]] = {
         **_ATARI,
         "env.name": "ALE/Pong-v5",
         "total_frames": 10_000_000,
-        "replay.memmap": True,
+        # in RAM: each 84x84 frame is stored once (frame_store.py), ~9 KB a step with its ring's margin
         "eval.interval": 250_000,
         "log.checkpoint_interval": 500_000,
     },

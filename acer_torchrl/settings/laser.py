@@ -100,7 +100,7 @@ PRESETS: dict[str, dict] = {
         "env.name": "ALE/Pong-v5",
         "gamma": 0.995,
         "total_frames": 10_000_000,
-        "replay.memmap": True,
+        # in RAM: each 84x84 frame is stored once (frame_store.py), ~9 KB a step with its ring's margin
         "eval.interval": 250_000,
         "log.checkpoint_interval": 250_000,
     },

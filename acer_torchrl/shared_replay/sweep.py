@@ -25,6 +25,7 @@ from tensordict import TensorDictBase
 from acer_torchrl.config import (
     Config, ConfigError, _coerce, dump_yaml, load_config, override_value, parse_overrides, without_keys,
 )
+from acer_torchrl.envs import stacked_frames
 from acer_torchrl.metrics import finish_plot, new_plot
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.rundir import make_writable_dir
@@ -168,7 +169,8 @@ def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[
 
 def _shared_storage(cfg: Config, sweep_dir: Path, n_agents: int) -> SharedReplay:
     scratch = sweep_dir / "replay_storage" if cfg.replay.memmap else None
-    return SharedReplay(EpisodeReplay(cfg.replay.capacity, scratch_dir=scratch, seed=cfg.seed), n_agents)
+    replay = EpisodeReplay(cfg.replay.capacity, scratch_dir=scratch, seed=cfg.seed, frame_stack=stacked_frames(cfg.env))
+    return SharedReplay(replay, n_agents)
 
 
 # ---------------------------------------------------------------------------------------------- one process
