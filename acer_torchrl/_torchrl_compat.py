@@ -76,9 +76,20 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
    ``_next_async(total_frames, trackers)`` returns ``(data, total_frames, ready_worker_idx)``; the status
    key is ``NODE_<rank>_status`` in ``_store``.
 
+9. Not a private attribute but upstream behaviour that ``collectors.py``'s ``SharedWeightsScheme.send`` (the
+   push of ``update_policy_weights_()``, overridden through public API: ``model`` and
+   ``shared_transport.unique_weights``) relies on: a worker acts with the scheme's shared-memory tensors
+   themselves, so writing them is the whole push and TorchRL's message and acknowledgement round trip to each
+   worker (9-25 ms of the learner's time a push) can be left out. Upstream behaviour: TorchRL 0.14's
+   ``SharedMemWeightSyncScheme._setup_connection_and_weights_on_receiver_impl`` puts the tensors it receives
+   into the worker's policy with ``apply_weights(model, weights, inplace=False)``, and
+   ``MultiCollector._setup_multi_policy_and_weights`` moves a CPU policy's own parameters to shared memory in
+   place (``TensorDict.from_module(policy).share_memory_()``), from which the scheme's tensors are made.
+   ``tests/test_collectors.py`` checks that workers act with the learner's weights bit for bit after a push.
+
 Not TorchRL, noted for completeness: ``torch._foreach_lerp_`` / ``torch._foreach_copy_`` (the fused updates
-above) are underscore-named torch functions, stable in practice (``torch.optim`` uses them) but not
-documented API. tensordict's ``TensorDictModule._kwargs`` (None unless the module was built with a dict of ``in_keys``,
+above, and ``collectors.copy_weights_``) are underscore-named torch functions, stable in practice (``torch.optim``
+uses them) but not documented API. tensordict's ``TensorDictModule._kwargs`` (None unless the module was built with a dict of ``in_keys``,
 whose inputs then go in as keywords) is read by ``objectives/common.py``'s ``TensorCall.of``, inline: the losses
 import nothing of the package outside ``objectives/`` (``tests/test_plain_torchrl_loop.py``).
 """

@@ -7,8 +7,9 @@ single-process ``Collector`` (``num_workers == 0``, for debugging) with the same
   ``[num_envs, T]`` for a batched env (``EnvConfig.num_envs > 1``), time last, trajectories continuing
   across batches. ``("collector", "traj_ids")`` numbers each trajectory (one env's episode, or the part
   of it since the collector started) uniquely across workers and envs;
-- ``update_policy_weights_()`` copies the learner policy's current parameters to every worker's acting
-  policy (shared memory; see :class:`~torchrl.weight_update.SharedMemWeightSyncScheme`);
+- ``update_policy_weights_()`` makes every worker act with the current parameters of the policy it was given
+  (shared memory, see :class:`SharedWeightsScheme`: the workers act with that policy's own CPU tensors, and the
+  call writes nothing when they were trained in place);
 - ``shutdown()`` (also ``close()``, or leaving a ``with`` block) stops the workers.
 
 :func:`make_remote_collector` gives the same interface over collector processes on other nodes of a
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import Collector, MultiAsyncCollector
 from torchrl.collectors.distributed import DistributedCollector
@@ -92,6 +94,43 @@ class _ClosingCollector:
 
     def __exit__(self, *exc_info) -> None:
         self.shutdown()
+
+
+def copy_weights_(destination: TensorDictBase, source: TensorDictBase) -> None:
+    """Copy each tensor of ``source`` into ``destination``'s tensor of the same key, in place, in one fused copy
+    (across devices too); a pair that already is one memory is left alone."""
+    pairs = [(dst, source.get(key)) for key, dst in destination.items(True, True)]
+    pairs = [(dst, src) for dst, src in pairs if dst.data_ptr() != src.data_ptr()]
+    if pairs:
+        with torch.no_grad():
+            torch._foreach_copy_([dst for dst, _ in pairs], [src for _, src in pairs])
+
+
+class SharedWeightsScheme(SharedMemWeightSyncScheme):
+    """TorchRL's shared-memory weight sync, whose push writes the shared weights and nothing else.
+
+    Once a worker has started, its policy's parameters *are* the scheme's shared-memory tensors (TorchRL's
+    receiver puts them into the policy with ``apply_weights(..., inplace=False)``): a worker acts with whatever
+    they hold at its next policy call. For a CPU policy these tensors are the policy's own parameters (the
+    collector moves them to shared memory in place, ``share_memory_()``), so a policy trained in place, or
+    copied into in place, is what the workers act with, without a push.
+
+    TorchRL's ``send()`` still extracts the weights anew, copies them over the shared tensors (onto themselves,
+    here), and sends each worker's receiver thread a message to apply the shared tensors (again onto
+    themselves), then waits for every acknowledgement: 9-25 ms of the learner's time a push on two loaded CPU
+    cores (``benchmarks/results/weight_push.md``). Here ``update_policy_weights_()`` with no weights copies the
+    collector's policy into the shared tensors where they are apart from it (nothing, for the policy handed to
+    :func:`make_collector`), with one fused copy, and returns: the workers act with those weights from their
+    next policy call. Explicit weights or ``worker_ids`` take TorchRL's path.
+    """
+
+    def send(self, weights: TensorDictBase | None = None, worker_ids: int | list[int] | None = None) -> None:
+        if weights is not None or worker_ids is not None:
+            super().send(weights, worker_ids)
+            return
+        source = TensorDict.from_module(self.model)
+        for shared in self.shared_transport.unique_weights:
+            copy_weights_(shared, source)
 
 
 class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
@@ -188,7 +227,7 @@ def make_collector(
     return MultiProcessCollector(
         workers,
         policy,
-        weight_sync_schemes={"policy": SharedMemWeightSyncScheme()},
+        weight_sync_schemes={"policy": SharedWeightsScheme()},
         **common,
     )
 

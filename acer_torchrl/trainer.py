@@ -32,7 +32,7 @@ from tqdm import tqdm
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from acer_torchrl.collectors import RemoteCollection, make_collector, make_remote_collector
+from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
 from acer_torchrl.config import Config, dump_yaml, resume_changes
 from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config
@@ -127,7 +127,7 @@ class Trainer:
         self.rng = np.random.default_rng(cfg.seed)
         self.info = env_info(cfg.env)
         self.agent: Agent = get_algorithm(cfg.loss).build(cfg, self.info)
-        # collectors and evaluation act on CPU: with a GPU learner they get a CPU copy, synced after updates
+        # collectors and evaluation act on CPU: with a GPU learner they get a CPU copy, copied into after updates
         self.acting = self.agent.policy if self.device.type == "cpu" else copy.deepcopy(self.agent.policy)
         self.loss = self.agent.loss.to(self.device)
         params = [p for p in self.loss.parameters() if p.requires_grad]
@@ -209,8 +209,12 @@ class Trainer:
         dump_yaml(dataclasses.replace(self.cfg, resume=None), self.run_dir / "config.yaml")
 
     def sync_acting_policy(self) -> None:
+        """Copy the learner policy's weights into the acting policy's CPU copy (a GPU learner's; on CPU the two are
+        one module), in place: the collector's workers act with that copy's own tensors (shared memory, see
+        :class:`~acer_torchrl.collectors.SharedWeightsScheme`), so they act with these weights from their next
+        policy call, and nothing is allocated."""
         if self.acting is not self.agent.policy:
-            TensorDict.from_module(self.agent.policy).data.to("cpu").to_module(self.acting)
+            copy_weights_(TensorDict.from_module(self.acting), TensorDict.from_module(self.agent.policy))
 
     def checkpoint(self) -> None:
         """Save the run (weights, optimiser, replay, counters); evaluations still being played are waited

@@ -1,5 +1,6 @@
 """Collectors: batch layout, trajectory ids, recurrent state, weight pushes, clean exit."""
 
+import copy
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ import textwrap
 
 import pytest
 import torch
+from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.modules import LSTMModule, ProbabilisticActor
@@ -19,6 +21,7 @@ from acer_torchrl.collectors import (
     MultiProcessCollector,
     RemoteCollection,
     RemoteCollector,
+    copy_weights_,
     make_collector,
     make_remote_collector,
 )
@@ -128,6 +131,54 @@ def test_weight_push_changes_the_workers_policy(recurrent_run):
     # up to two a worker may have been (partly) collected before the push: one waiting in the output queue
     # (MultiProcessCollector: a slot per worker) and the one it was collecting; a remote rank holds at most one
     assert (after[4] == 0).all() and (after[5] == 0).all()
+
+
+class ActedWeights(nn.Module):
+    """CartPole logits from a linear map, and next to them, at every step, the weights that computed them."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, observation):
+        weights = torch.cat([self.linear.weight.flatten(), self.linear.bias])
+        return self.linear(observation), weights.expand(*observation.shape[:-1], -1)
+
+
+def flat_weights(policy) -> torch.Tensor:
+    """The policy's parameters in one vector, in ``ActedWeights``' order."""
+    return torch.cat([p.detach().flatten() for p in policy.parameters()])
+
+
+@pytest.mark.parametrize("acting", ["learner", "copy"])
+def test_workers_act_with_the_pushed_weights_bit_for_bit(acting):
+    """After an optimiser step and a push, the workers act with exactly the learner's weights: ``learner``, the
+    collector was given the learner's policy (a CPU learner); ``copy``, an acting copy of it, copied into in place
+    before the push (a GPU learner's path, ``Trainer.sync_acting_policy``)."""
+    net = TensorDictModule(ActedWeights(), ["observation"], ["logits", "acted_weights"])
+    learner = ProbabilisticActor(net, in_keys=["logits"], distribution_class=torch.distributions.Categorical,
+                                 return_log_prob=True)
+    policy = learner if acting == "learner" else copy.deepcopy(learner)
+    optimizer = torch.optim.Adam(learner.parameters(), lr=0.1)
+    env_fn = make_env_fn(EnvConfig(max_episode_steps=30))
+    with make_collector(env_fn, policy, num_workers=2, frames_per_batch=T, seed=0) as collector:
+        stream = iter(collector)
+        before = flat_weights(learner)
+        assert all(torch.equal(next(stream)["acted_weights"], before.expand(T, -1)) for _ in range(2))
+        for _ in range(2):
+            loss = sum((p * torch.randn_like(p)).sum() for p in learner.parameters())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if acting == "copy":
+                copy_weights_(TensorDict.from_module(policy), TensorDict.from_module(learner))
+            collector.update_policy_weights_()
+            pushed = flat_weights(learner)
+            after = [next(stream)["acted_weights"] for _ in range(6)]
+            # up to two a worker may have been (partly) collected before the push (test above)
+            assert not torch.equal(pushed, before) and torch.equal(after[4], pushed.expand(T, -1))
+            assert torch.equal(after[5], pushed.expand(T, -1))
+            before = pushed
 
 
 def test_in_process_collector_is_seeded_and_flat():

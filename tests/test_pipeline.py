@@ -2,6 +2,7 @@
 real worker processes, run-directory contract, kill + resume without losing replay or step counts,
 corrupt checkpoints and bad input ending with one clear line."""
 
+import copy
 import csv
 import json
 import math
@@ -167,6 +168,24 @@ def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_regi
     assert summary["updates"] > saved["updates"]
     logged = [float(r["env_steps"]) for r in csv.DictReader(metrics.open())]
     assert logged == sorted(set(logged)) and logged[-1] >= saved["env_steps"] + 320, "one row per logged step"
+
+
+def test_gpu_learners_acting_copy_is_written_in_place(tmp_path, probe_registered):
+    """A GPU learner's acting copy (forced here on CPU): after each batch ``sync_acting_policy`` copies the learner's
+    weights into the copy's own tensors, the shared memory the collector's workers act with
+    (``tests/test_collectors.py`` checks what they act with), and allocates none."""
+    from acer_torchrl.config import load_config
+    from acer_torchrl.trainer import Trainer
+
+    trainer = Trainer(load_config("probe", [f"run_dir={tmp_path}", "total_frames=192", "collector.workers=2", *FAST]))
+    trainer.acting = copy.deepcopy(trainer.agent.policy)
+    tensors = TensorDict.from_module(trainer.acting)
+    initial = tensors.data.clone()
+    assert trainer.train()["updates"] > 0
+    acting, learner = TensorDict.from_module(trainer.acting), TensorDict.from_module(trainer.agent.policy)
+    # the same tensors, which the collector moved to shared memory in place (their memory, not the objects, changed)
+    assert all(acting.get(key) is t and t.is_shared() for key, t in tensors.items(True, True))
+    assert (acting.data == learner.data).all() and not (acting.data == initial).all()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
