@@ -86,6 +86,13 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
    ``MultiCollector._setup_multi_policy_and_weights`` moves a CPU policy's own parameters to shared memory in
    place (``TensorDict.from_module(policy).share_memory_()``), from which the scheme's tensors are made.
    ``tests/test_collectors.py`` checks that workers act with the learner's weights bit for bit after a push.
+10. ``torchrl._utils._ProcessNoWarnMixin.start`` (wrapped while a collector starts its workers), through
+   :func:`collector_worker_starts`. Used by ``collectors.py``: ``MultiProcessCollector._run_processes`` (each
+   worker starts with the learner's signals held, so that a Ctrl-C during its imports does not reach it, and
+   the workers started so far are known when a signal interrupts the start). Why: the collector makes and starts
+   its worker processes inside its constructor, with no hook around ``start()``. Upstream behaviour: TorchRL
+   0.14's ``_run_processes`` starts every worker through a class of ``_make_process_no_warn_cls(ctx)``, each a
+   subclass of ``_ProcessNoWarnMixin`` whose ``start()`` it calls.
 
 Not TorchRL, noted for completeness: ``torch._foreach_lerp_`` / ``torch._foreach_copy_`` (the fused updates
 above, and ``collectors.copy_weights_``) are underscore-named torch functions, stable in practice (``torch.optim``
@@ -96,6 +103,8 @@ import nothing of the package outside ``objectives/`` (``tests/test_plain_torchr
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -143,3 +152,23 @@ def serve_delayed_collection(rank: int, world_size: int, master_addr: str, port:
     from torchrl.collectors.distributed.generic import _distributed_init_delayed
 
     _distributed_init_delayed(rank, "gloo", master_addr, port, world_size)
+
+
+@contextlib.contextmanager
+def collector_worker_starts(around: Callable[[], contextlib.AbstractContextManager]):
+    """While the block runs, every collector worker TorchRL starts is started inside ``around()`` (use 10);
+    yields the list of the processes started so far (each added before ``around()`` ends)."""
+    from torchrl._utils import _ProcessNoWarnMixin
+
+    start, started = _ProcessNoWarnMixin.start, []
+
+    def start_inside(process) -> None:
+        with around():
+            start(process)
+            started.append(process)
+
+    _ProcessNoWarnMixin.start = start_inside
+    try:
+        yield started
+    finally:
+        _ProcessNoWarnMixin.start = start

@@ -7,11 +7,14 @@ back with ``torch.load(weights_only=True)``: no arbitrary code runs on load), ``
 (``checkpoint/`` or, between the two renames, ``checkpoint.old/``). ``manifest.json`` lists every file with its
 size and CRC-32; a checkpoint is verified against it before anything is read (a truncated, damaged or foreign
 file is one line, not zeros in the replay). torch is imported where a checkpoint is saved or loaded, so
-that :class:`CheckpointError` costs the command line (``--help``) no torch import.
+that :class:`CheckpointError` costs the command line (``--help``) no torch import. A disk too full for a
+checkpoint, or an I/O error while writing it, is one :class:`CheckpointError` line (:func:`_write_errors_reported`):
+the previous checkpoint stays, the partial ``checkpoint.tmp/`` is removed.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -26,6 +29,62 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, corrupt or does not fit the run; the message is one line."""
 
 
+def _write_errors_reported(save):
+    """``save_checkpoint``'s guard. A disk without room for the checkpoint is refused before anything is written
+    (a memory-mapped replay file written into a full disk kills the process with SIGBUS, past any handler); a
+    write that fails anyway (the disk filled meanwhile, an I/O error) removes ``checkpoint.tmp/`` and ends in one
+    :class:`CheckpointError` line naming the path and the cause. The previous checkpoint is not touched."""
+
+    @functools.wraps(save)
+    def guarded(run_dir: Path, state: dict, counters: dict, replay, *args, **kwargs) -> None:
+        tmp = run_dir / "checkpoint.tmp"
+        needed = _tensor_bytes(state) + getattr(replay, "saved_bytes", lambda: 0)()
+        free = shutil.disk_usage(run_dir).free
+        if free < needed * 1.1 + (1 << 16):  # a margin for the small files (counters, manifest)
+            raise CheckpointError(f"cannot write the checkpoint {tmp}: no space left on device (it needs about "
+                                  f"{needed / 1e6:.1f} MB, {free / 1e6:.1f} MB are free); {_previous(run_dir)}")
+        try:
+            save(run_dir, state, counters, replay, *args, **kwargs)
+        except (OSError, RuntimeError) as err:
+            if isinstance(err, RuntimeError) and not any(w in str(err) for w in ("PytorchStreamWriter", "inline_container")):
+                raise  # not a failed write (torch's writer says so in these words)
+            cause = _write_failure(err, run_dir)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"cannot write the checkpoint {tmp}: {cause}; {_previous(run_dir)}") from None
+
+    return guarded
+
+
+def _tensor_bytes(value) -> int:
+    """The bytes of the tensors in a nest of dicts, lists and tuples."""
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return value.nelement() * value.element_size() if hasattr(value, "element_size") else 0
+
+
+def _write_failure(err: Exception, run_dir: Path) -> str:
+    """Why a checkpoint write failed, in words: the OS's (e.g. "no space left on device"), or for torch's writer
+    (no errno) a full disk when it is one, else its message's first line."""
+    if isinstance(err, OSError) and err.errno:
+        return os.strerror(err.errno).lower()
+    if shutil.disk_usage(run_dir).free < 1 << 20:
+        return "no space left on device"
+    return f"write failed ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+
+
+def _previous(run_dir: Path) -> str:
+    """What a failed checkpoint leaves to resume from."""
+    try:
+        path = latest_checkpoint(run_dir)
+        steps = json.loads((path / "counters.json").read_text())["env_steps"]
+    except (CheckpointError, OSError, ValueError, KeyError):
+        return "no earlier checkpoint to resume from"
+    return f"the previous checkpoint ({path}, {steps} env steps) is kept"
+
+
+@_write_errors_reported
 def save_checkpoint(run_dir: Path, state: dict, counters: dict, replay) -> None:
     import torch
 

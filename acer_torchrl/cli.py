@@ -9,13 +9,14 @@ import warnings
 
 from acer_torchrl.checkpoint import CheckpointError
 from acer_torchrl.config import ConfigError, load_config
+from acer_torchrl.processes import Interrupted, StopSignals
 
 USER_ERRORS = (ConfigError, CheckpointError)
 
 
-def run(recipe: str, overrides: list[str], stop_signals: bool = False, remote=None) -> dict:
+def run(recipe: str, overrides: list[str], stop_signals: StopSignals | None = None, remote=None) -> dict:
     """Build the config of ``recipe`` with ``overrides`` and train; returns the run's summary dict. With
-    ``stop_signals``, SIGINT / SIGTERM checkpoint and raise :class:`~acer_torchrl.trainer.Interrupted`;
+    ``stop_signals`` (installed), SIGINT / SIGTERM checkpoint and raise :class:`~acer_torchrl.processes.Interrupted`;
     ``remote`` (a :class:`~acer_torchrl.collectors.RemoteCollection`): collect on other nodes."""
     from acer_torchrl.trainer import train
 
@@ -42,22 +43,31 @@ def help_text(recipe: str) -> str:
 
 
 def main(recipe: str, argv: list[str] | None = None) -> int:
-    """Run a recipe from the command line; user errors end with one line on stderr and exit code 2."""
-    argv = sys.argv[1:] if argv is None else argv
+    """Run a recipe from the command line; user errors end with one line on stderr and exit code 2, SIGINT /
+    SIGTERM (at any moment, from here on) with one line and exit code 130 / 143."""
+    stops = StopSignals().install()
+    try:
+        return run_from_command_line(recipe, sys.argv[1:] if argv is None else argv, stops)
+    except Interrupted as stop:
+        print(stop, file=sys.stderr)
+        return stop.exit_code
+    finally:
+        stops.restore()
+
+
+def run_from_command_line(recipe: str, argv: list[str], stops: StopSignals) -> int:
+    """:func:`main`'s run, its signals handled by ``stops``: the exit code."""
     if argv and argv[0] in ("-h", "--help"):
         print(help_text(recipe))
         return 0
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    from acer_torchrl.trainer import Interrupted, TrainingError
+    from acer_torchrl.trainer import TrainingError
 
     try:
-        summary = run(recipe, argv, stop_signals=True)
+        summary = run(recipe, argv, stop_signals=stops)
     except (*USER_ERRORS, TrainingError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except Interrupted as stop:
-        print(stop, file=sys.stderr)
-        return stop.exit_code
     print(
         f"{summary['algorithm']} on {summary['env']}: {summary['env_steps']} env steps, final score "
         f"{summary['eval_return_mean']:.1f} (mean greedy return of the {summary['final_score_evaluations']} "

@@ -49,12 +49,13 @@ from torchrl.envs import EnvBase
 from torchrl.weight_update import SharedMemWeightSyncScheme
 
 from acer_torchrl._torchrl_compat import (
+    collector_worker_starts,
     mark_remote_rank_busy,
     serve_delayed_collection,
     stop_weight_receivers,
     weight_sync_schemes,
 )
-from acer_torchrl.processes import ignore_learner_signals
+from acer_torchrl.processes import ignore_learner_signals, learner_signals_held
 
 WORKER_SEED_STRIDE = 1_000  # worker i's seeds start at seed + WORKER_SEED_STRIDE * i
 REMOTE_TRAJ_STRIDE = 2**40  # remote rank r numbers its trajectories from r * REMOTE_TRAJ_STRIDE
@@ -147,6 +148,20 @@ class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
     @property
     def _queue_len(self) -> int:  # a private TorchRL hook: acer_torchrl/_torchrl_compat.py, use 3
         return self.num_workers
+
+    def _run_processes(self) -> None:
+        """TorchRL's start of the workers, each with the learner's signals held (``processes.py``). A stop
+        signal or Ctrl-C that interrupts it kills the workers started so far: TorchRL shuts them down only on an
+        ``Exception``, and the interpreter's exit would wait for them (they ignore SIGINT / SIGTERM) for ever."""
+        with collector_worker_starts(learner_signals_held) as started:
+            try:
+                super()._run_processes()
+            except BaseException as err:
+                if not isinstance(err, Exception):
+                    for process in started:
+                        process.kill()
+                        process.join()
+                raise
 
 
 class InProcessCollector(_ClosingCollector, Collector):

@@ -31,7 +31,7 @@ import torch
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from acer_torchrl.processes import ignore_learner_signals, learner_signals_ignored
+from acer_torchrl.processes import ignore_learner_signals, learner_signals_held
 from acer_torchrl.settings.env import EnvConfig
 
 Result = tuple[Any, float, float]  # (the caller's tag, mean return, std of the returns)
@@ -82,7 +82,8 @@ class InlineEvaluator:
 
     drain = results
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 0.0) -> None:
+        """Close the env (``wait_s``: :meth:`BackgroundEvaluator.close`'s, unused here)."""
         self.env.close()
 
 
@@ -94,7 +95,7 @@ atexit.register(lambda: [e.close() for e in list(_OPEN)])
 def _serve(policy, make_env: Callable[[], EnvBase], max_steps: int, requests, replies, parent: int) -> None:
     """The evaluation process: plays the games for each ``(tag, weights)`` request, replies ``(tag, mean,
     std)`` (or ``(_FAILED, traceback)``); stops on ``None`` or when its parent is gone."""
-    ignore_learner_signals()  # already ignored since its start (learner_signals_ignored); kept so
+    ignore_learner_signals()  # held since its start (learner_signals_held), ignored from here
     torch.set_num_threads(1)
     # below the learner and the collector workers: its games (10 of up to 1 000 steps for a MuJoCo task, ~5 s of
     # CPU) take a core from neither while they play, where every update waits on the learner's core
@@ -132,7 +133,7 @@ class BackgroundEvaluator:
             daemon=True,
             name="acer-torchrl-evaluator",
         )
-        with learner_signals_ignored():  # inherited from the start: a Ctrl-C during its imports must not reach it
+        with learner_signals_held():  # held from the start: a Ctrl-C during its imports must not reach it
             self._process.start()
         _OPEN.add(self)
 
@@ -168,11 +169,13 @@ class BackgroundEvaluator:
         """Every evaluation asked for, waiting for those still being played."""
         return [self._reply(block=True) for _ in range(self._pending)]
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 10.0) -> None:
+        """Stop the process: asked to end, killed after ``wait_s`` (a stopping learner gives it little: one
+        that is still starting up reads the request only when its imports are done)."""
         _OPEN.discard(self)
         if self._process.is_alive():
             self._requests.put(None)
-            self._process.join(timeout=10)
+            self._process.join(timeout=wait_s)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import os
+import sys
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -86,6 +87,7 @@ class MetricsLog:
         self.path = run_dir / "metrics.csv"
         self.rows: list[dict[str, float]] = []
         self.loggers = loggers or []
+        self._write_failing = False  # the last write of metrics.csv failed (warned once until one succeeds)
 
     def load_existing(self, up_to_env_steps: int) -> None:
         """Continue the rows of a resumed run. Rows logged after its checkpoint (``env_steps`` beyond
@@ -101,15 +103,30 @@ class MetricsLog:
         columns = list(BASE_COLUMNS)
         for r in self.rows:
             columns += [k for k in r if k not in columns]
-        tmp = self.path.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(self.rows)
-        os.replace(tmp, self.path)
+        self.write(columns)
         for logger in self.loggers:
             for key, value in metrics.items():
                 logger.log_scalar(key, value, step=env_steps)
+
+    def write(self, columns: list[str]) -> None:
+        """Rewrite ``metrics.csv`` with every row (atomically). A write that fails (a full disk, an I/O error) is
+        one warning line, not the run's end: the rows stay in memory and the next row's write holds them all."""
+        tmp = self.path.with_suffix(".csv.tmp")
+        try:
+            with tmp.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=columns)
+                writer.writeheader()
+                writer.writerows(self.rows)
+            os.replace(tmp, self.path)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            if not self._write_failing:
+                reason = os.strerror(err.errno).lower() if err.errno else str(err)
+                print(f"warning: cannot write {self.path} ({reason}); the run goes on, its rows are written with "
+                      "the next one that fits", file=sys.stderr)
+            self._write_failing = True
+            return
+        self._write_failing = False
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
         pts = [(r["env_steps"], r[key]) for r in self.rows if key in r]

@@ -6,6 +6,9 @@ requeue / preemption (SIGTERM, SIGUSR2). Those are meant for the learner alone: 
 requeue under SLURM) and then shuts its helpers down itself. A helper that took SIGTERM would die before the
 learner's batch is done, and the learner would wait for its weight-push acknowledgement for ever. SIGKILL still
 ends them, and a helper whose learner is gone exits on its own (its pipe closes).
+
+The learner itself, on the recipe command line, handles SIGINT / SIGTERM from its first instruction to its
+last with :class:`StopSignals`: one stop, one line, exit code 130 / 143 (:class:`Interrupted`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 
 
 def learner_signals() -> list[signal.Signals]:
@@ -21,23 +23,74 @@ def learner_signals() -> list[signal.Signals]:
     return [signal.SIGINT, signal.SIGTERM] + ([signal.SIGUSR2] if "SLURM_JOB_ID" in os.environ else [])
 
 
+class Interrupted(BaseException):
+    """The learner stops at SIGINT / SIGTERM; the message (one line) says what was saved and how to continue.
+    A ``BaseException``, like ``KeyboardInterrupt``: no ``except Exception`` on its way out swallows it."""
+
+    def __init__(self, signum: int, message: str = "interrupted during start-up: nothing to save yet"):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+class StopSignals:
+    """SIGINT / SIGTERM in the learner's main thread, installed by the recipe command line before its first
+    import of weight. The first signal raises :class:`Interrupted` where the main thread is (start-up, or
+    waiting for a batch: nothing is half done there), or, inside :meth:`deferred` (a batch being learned
+    from, a checkpoint being written), once that block is done. Later signals are noted and dropped: the
+    learner is already stopping, and its checkpoint must not be cut short (SIGKILL still ends it at once)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._deferring = False
+        self._previous = {}
+
+    def install(self) -> StopSignals:
+        """Handle SIGINT / SIGTERM from now on (main thread only); :meth:`restore` puts the old handlers back."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        if self.signum is not None:
+            return
+        self.signum = signum
+        if not self._deferring:
+            raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """A block a signal must not cut short: it is noted, and :class:`Interrupted` raised when the block ends."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
+
 def ignore_learner_signals() -> None:
-    """In a helper process: leave :func:`learner_signals` to the learner."""
+    """In a helper process: leave :func:`learner_signals` to the learner (ignored, then unblocked: pending
+    ones, held since the process started under :func:`learner_signals_held`, are dropped)."""
     for sig in learner_signals():
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, learner_signals())
 
 
 @contextlib.contextmanager
-def learner_signals_ignored():
-    """Ignore :func:`learner_signals` while a helper process starts (an ignored signal stays ignored in the
-    child, and Python keeps it so): a Ctrl-C during the child's imports cannot reach it. Only the main thread
-    may set handlers; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in learner_signals()}
+def learner_signals_held():
+    """Block :func:`learner_signals` in this thread while a helper process starts: the child inherits them
+    blocked (through ``exec`` too), so that a Ctrl-C during its interpreter's start and imports waits unseen
+    until it ignores them (:func:`ignore_learner_signals`). The learner loses none: one that comes meanwhile
+    is delivered when the block ends (or at once, to another of its threads)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, learner_signals())
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

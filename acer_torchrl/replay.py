@@ -458,6 +458,15 @@ class EpisodeReplay:
             sample.get(key)[:, 0] = 0.0
 
     # ------------------------------------------------------------------ persistence
+    def saved_bytes(self) -> int:
+        """About the bytes :meth:`save` writes (filled rows, episode ends, links): what a checkpoint makes sure
+        the disk has free before it starts writing."""
+        filled = min(self.steps_written, self.capacity)
+        rows = stored_tensordict(self.buffer.storage)[:filled].bytes() if filled else 0
+        ends = min(self.end_entries_written, self.capacity)
+        ends_bytes = stored_tensordict(self.episode_ends)[:ends].bytes() if self.successor_keys and ends else 0
+        return rows + ends_bytes + self.capacity * LINK_BYTES
+
     def save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         if self.steps_written:  # only the filled slots: a checkpoint is sized by content, not by capacity

@@ -4,14 +4,22 @@ A new run refuses a directory that already holds a run that finished or can be r
 or a checkpoint): it points to ``resume=`` or a new ``run_dir=``, unless ``overwrite=true``, which first
 deletes that run's files (only those: anything else in the directory stays). A directory that cannot be
 made or written to is one :class:`~acer_torchrl.validation.ConfigError` line, before any work.
+
+A run holds an exclusive lock on its directory (``flock`` on ``run.lock``, which names the holder's host and
+pid) for its whole life: a second run into the same directory is refused with one line naming the holder. The
+kernel releases the lock when the holder ends, however it ends (a crash, SIGKILL), so no lock outlives its run.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
+from typing import IO
 
 from acer_torchrl.validation import ConfigError
 
@@ -20,6 +28,7 @@ RUN_FILES = (
     "config.yaml", "metrics.csv", "metrics.csv.tmp", "summary.json", "learning_curve.png", "tensorboard", "wandb",
     "checkpoint", "checkpoint.tmp", "checkpoint.old", "replay_storage", "resumes.jsonl",
 )
+LOCK_FILE = "run.lock"  # never deleted (overwrite=true leaves it): a new file would be a second lock
 FINISHED_MARKS = ("summary.json", "checkpoint", "checkpoint.old")
 REASONS = {
     errno.EEXIST: "it is a file, not a directory",
@@ -47,23 +56,53 @@ def make_writable_dir(path: Path, key: str) -> Path:
     return path
 
 
-def prepare_run_dir(path: Path, *, resume: bool, overwrite: bool) -> Path:
-    """The directory a run (``resume``: the resumed run) writes to, checked and made before any work."""
-    if resume:
-        return make_writable_dir(path, "resume")
-    if holds_run(path):
-        if not overwrite:
-            raise ConfigError(
-                f"run_dir={path} already holds a run (summary.json or checkpoint): continue it with resume={path}, "
-                "pick a new run_dir=, or add overwrite=true to replace it"
-            )
-        try:
-            for name in RUN_FILES:
-                target = path / name
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                elif target.exists() or target.is_symlink():
-                    target.unlink()
-        except OSError as err:
-            raise ConfigError(f"overwrite=true: cannot delete {err.filename or path} ({err.strerror})") from None
-    return make_writable_dir(path, "run_dir")
+def lock_run_dir(path: Path, key: str) -> IO:
+    """Take ``path``'s run lock; returns the open lock file (closing it, or the process ending, releases it).
+    Held by another run: one :class:`ConfigError` line naming it (``key`` is the setting that gave ``path``)."""
+    lock = open(path / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "a run that has not written its name yet"
+        lock.close()
+        raise ConfigError(
+            f"{key}={path} is in use by another run ({holder}); wait for it to end or choose another run_dir="
+        ) from None
+    lock.truncate(0)
+    lock.write(f"host {socket.gethostname()}, pid {os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def prepare_run_dir(path: Path, *, resume: bool, overwrite: bool) -> tuple[Path, IO]:
+    """The directory a run (``resume``: the resumed run) writes to, checked, made and locked
+    (:func:`lock_run_dir`) before any work; returns it and its open lock file."""
+    key = "resume" if resume else "run_dir"
+    if not resume and not overwrite and holds_run(path):
+        raise ConfigError(
+            f"run_dir={path} already holds a run (summary.json or checkpoint): continue it with resume={path}, "
+            "pick a new run_dir=, or add overwrite=true to replace it"
+        )
+    make_writable_dir(path, key)
+    lock = lock_run_dir(path, key)
+    try:
+        if not resume and holds_run(path):
+            delete_old_run(path)
+    except BaseException:
+        lock.close()
+        raise
+    return path, lock
+
+
+def delete_old_run(path: Path) -> None:
+    """``overwrite=true``: delete the files of the run ``path`` holds (only those, the lock file left)."""
+    try:
+        for name in RUN_FILES:
+            target = path / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+    except OSError as err:
+        raise ConfigError(f"overwrite=true: cannot delete {err.filename or path} ({err.strerror})") from None

@@ -40,20 +40,13 @@ from acer_torchrl.health import Health
 from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, make_loggers, plot_learning_curve
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.optim import AdamStep
+from acer_torchrl.processes import Interrupted, StopSignals
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay
 from acer_torchrl.rundir import prepare_run_dir
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on (e.g. non-finite loss); the CLI prints its message as one line."""
-
-
-class Interrupted(Exception):
-    """The run stopped at a signal after checkpointing; the message (one line) says how to continue it."""
-
-    def __init__(self, signum: int, env_steps: int, recipe: str, run_dir: Path):
-        super().__init__(f"interrupted at {env_steps} env steps; continue with: python recipes/{recipe}.py resume={run_dir}")
-        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
 
 
 @dataclass
@@ -112,15 +105,15 @@ def default_run_dir(cfg: Config) -> Path:
 class Trainer:
     """Owns the run: agent, optimiser, replay, collector, counters and the run directory."""
 
-    def __init__(self, cfg: Config, stop_signals: bool = False, remote: RemoteCollection | None = None):
+    def __init__(self, cfg: Config, stop_signals: StopSignals | None = None, remote: RemoteCollection | None = None):
         self.cfg = cfg
-        self.stop_signals = stop_signals  # see stopping_on_signals
+        self.stop_signals = stop_signals  # the command line's SIGINT / SIGTERM handling, see train()
         self.remote = remote  # collector processes on other nodes (a multi-node job) instead of local workers
-        self.stop_signal: int | None = None
         self._held_requeue = None  # submitit's preemption handler, held until the batch in hand is done
         self.device = resolve_device(cfg.device)
         run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
-        self.run_dir = prepare_run_dir(run_dir, resume=bool(cfg.resume), overwrite=cfg.overwrite)
+        # locked for the life of this trainer (close()): a second run into the same directory is refused
+        self.run_dir, self._run_lock = prepare_run_dir(run_dir, resume=bool(cfg.resume), overwrite=cfg.overwrite)
         cfg.run_dir = str(self.run_dir)
         torch.set_num_threads(learner_threads(cfg, remote_collection=remote is not None))
         torch.manual_seed(cfg.seed)
@@ -145,6 +138,7 @@ class Trainer:
         self._collector = None  # from start() to stop_collecting()
         self._bar = None  # the progress bar, while the clock runs
         self._awaiting: deque = deque()  # rows waiting for their evaluation: (env_steps, updates, wall_s, metrics)
+        self._saved_steps: int | None = None  # env steps of the run's latest checkpoint (None: none yet)
         if cfg.resume:
             self._resume()
         else:
@@ -189,6 +183,7 @@ class Trainer:
             if hasattr(updater, "counter"):
                 updater.counter = count
         self.counters = Counters(**counters)
+        self._saved_steps = self.counters.env_steps
         self.counters.restarts += 1
         self.health.load_state(self.counters.health)
         if self.counters.rng:
@@ -224,6 +219,7 @@ class Trainer:
         self.counters.rng = self.rng.bit_generator.state
         self.counters.health = self.health.state()
         save_checkpoint(self.run_dir, self.state(), vars(self.counters), self.replay)
+        self._saved_steps = self.counters.env_steps
 
     # ------------------------------------------------------------------ learning
     def draw_batch(self, online_share: float) -> TensorDictBase | None:
@@ -332,22 +328,45 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> dict:
-        """The whole run (or what is left of it): :meth:`start`, :meth:`step` on every batch, :meth:`finish`."""
+        """The whole run (or what is left of it): :meth:`start`, :meth:`step` on every batch, :meth:`finish`.
+        With ``stop_signals`` (the command line), SIGINT / SIGTERM end it with :meth:`interrupted`: at once during
+        start-up or while waiting for a batch, after the batch in hand, or once the final evaluation is done."""
         try:
-            with self.stopping_on_signals():
+            with self.holding_requeue():
                 for batch in self.start():
-                    if self.step(batch):
+                    with self.deferring_stops():
+                        done = self.step(batch)
+                    if done:
                         break
-                    if self.stop_signal is not None:
-                        self.checkpoint()
-                        raise Interrupted(self.stop_signal, self.counters.env_steps, self.cfg.loss, self.run_dir)
                     if self._held_requeue is not None:
                         self.checkpoint()  # the requeued job resumes from this batch
                         self._held_requeue()  # submitit: requeue, then exit
-            self.stop_collecting()
-            return self.finish()
+            with self.deferring_stops():
+                self.stop_collecting()
+                return self.finish()
+        except Interrupted as stop:
+            raise self.interrupted(stop.signum) from None
         finally:
             self.close()
+
+    def deferring_stops(self) -> contextlib.AbstractContextManager:
+        """A block a stop signal waits for (:meth:`StopSignals.deferred`); a no-op without ``stop_signals``."""
+        return self.stop_signals.deferred() if self.stop_signals is not None else contextlib.nullcontext()
+
+    def interrupted(self, signum: int) -> Interrupted:
+        """After a stop signal: the collector shut down, the steps taken since the latest checkpoint saved, and
+        the one line that says so (or that there was nothing to save yet)."""
+        self.stop_collecting(timeout_s=2.0)  # a stopping run's workers have nothing to finish
+        c = self.counters
+        if c.env_steps and c.env_steps != self._saved_steps:
+            self.checkpoint()
+        if self.evaluator is not None:
+            self.evaluator.close(wait_s=1.0)  # nothing left for it to do
+            self.evaluator = None
+        if self._saved_steps is None:
+            return Interrupted(signum)
+        return Interrupted(signum, f"interrupted at {c.env_steps} env steps; continue with: "
+                                   f"python recipes/{self.cfg.loss}.py resume={self.run_dir}")
 
     # ------------------------------------------------------------------ the step API (train(), or a driver of several runs)
     def start(self) -> Iterator[TensorDictBase]:
@@ -361,21 +380,24 @@ class Trainer:
         self._start_clock()
         return iter(self._collector) if self._collector is not None else iter(())
 
-    def stop_collecting(self) -> None:
-        """Stop the clock and shut the collector down (the evaluator stays open for :meth:`finish`)."""
+    def stop_collecting(self, timeout_s: float | None = None) -> None:
+        """Stop the clock and shut the collector down (the evaluator stays open for :meth:`finish`); its
+        workers are killed after ``timeout_s`` (TorchRL's default: 10 s)."""
         if self._bar is not None:
             self._stop_clock()
         if self._collector is not None:
             with contextlib.suppress(Exception):
-                self._collector.shutdown()
+                self._collector.shutdown(timeout=timeout_s)
             self._collector = None
 
     def close(self) -> None:
-        """Release what :meth:`start` opened (collector, evaluator); safe to call more than once."""
+        """Release what :meth:`start` opened (collector, evaluator) and the run directory's lock; safe to call
+        more than once."""
         self.stop_collecting()
         if self.evaluator is not None:
             self.evaluator.close()
             self.evaluator = None
+        self._run_lock.close()
 
     def make_evaluator(self) -> BackgroundEvaluator | InlineEvaluator:
         """Where this run's greedy evaluations are played (``eval.background``: a process beside the learner)."""
@@ -464,31 +486,6 @@ class Trainer:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_learning_curve(self.log, self.run_dir / "learning_curve.png", f"{cfg.loss} on {cfg.env.name}")
         return summary
-
-    @contextlib.contextmanager
-    def stopping_on_signals(self):
-        """With ``stop_signals`` (the recipe command line), SIGINT / SIGTERM set :attr:`stop_signal`: the loop
-        stops after the batch in hand, with a checkpoint. A second signal acts as it did before (e.g. Ctrl-C's
-        KeyboardInterrupt). Under submitit (:mod:`acer_torchrl.cluster`) its handlers stay, but its preemption /
-        time-out signal waits for the batch in hand (:meth:`holding_requeue`)."""
-        if not self.stop_signals:
-            with self.holding_requeue():
-                yield
-            return
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-        def request_stop(signum, _frame) -> None:
-            self.stop_signal = signum
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-        for sig in previous:
-            signal.signal(sig, request_stop)
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     @contextlib.contextmanager
     def holding_requeue(self):
@@ -618,8 +615,8 @@ class Trainer:
         return any(before < step <= after for step in final_window_steps(self.cfg.total_frames))
 
 
-def train(cfg: Config, stop_signals: bool = False, remote: RemoteCollection | None = None) -> dict:
-    """Run (or resume) one training run described by ``cfg``; returns its summary. With ``stop_signals``,
-    SIGINT / SIGTERM end it with a checkpoint and :class:`Interrupted`; with ``remote``, the collectors
+def train(cfg: Config, stop_signals: StopSignals | None = None, remote: RemoteCollection | None = None) -> dict:
+    """Run (or resume) one training run described by ``cfg``; returns its summary. With ``stop_signals``
+    (installed), SIGINT / SIGTERM end it with a checkpoint and :class:`Interrupted`; with ``remote``, the collectors
     are processes on other nodes (see :class:`~acer_torchrl.collectors.RemoteCollection`)."""
     return Trainer(cfg, stop_signals, remote).train()

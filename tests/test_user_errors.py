@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from acer_torchrl.health import PATIENCE, Health
-from acer_torchrl.rundir import RUN_FILES
+from acer_torchrl.rundir import LOCK_FILE, RUN_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 # the recipe process imports this checkout's package, whatever is installed
@@ -124,7 +124,9 @@ def test_more_bad_input_ends_with_one_line(tmp_path, capsys, monkeypatch, overri
     code = cli.main("acer", args)
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
-    assert sorted(tmp_path.rglob("*")) in (before, [*before, tmp_path / "run"]), "at most the empty run dir"
+    run = tmp_path / "run"
+    assert sorted(tmp_path.rglob("*")) in (before, [*before, run], [*before, run, run / LOCK_FILE]), \
+        "at most the run dir, empty but for its lock file"
 
 
 def test_replay_too_large_for_the_memory_is_refused_before_it_is_allocated(monkeypatch):
@@ -168,7 +170,7 @@ def test_runs_write_only_in_their_run_dir_and_never_into_an_old_run(tmp_path):
     first = recipe([*TINY, f"run_dir={run_dir}"], cwd)
     assert first.returncode == 0, first.stderr
     assert not any(cwd.iterdir()), "nothing outside the run dir"
-    assert {p.name for p in run_dir.iterdir()} <= set(RUN_FILES)
+    assert {p.name for p in run_dir.iterdir()} <= {*RUN_FILES, LOCK_FILE}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["health"] == {"status": "ok"}
 

@@ -1,0 +1,166 @@
+"""What a run survives: a signal to its whole process group at any moment, a second run into its directory, a
+full disk. Process-level checks start a real recipe in a session of its own, as a terminal or SLURM runs it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from acer_torchrl.config import ConfigError
+from acer_torchrl.metrics import MetricsLog
+from acer_torchrl.replay import EpisodeReplay
+from acer_torchrl.rundir import lock_run_dir
+
+RECIPE = str(Path(__file__).parents[1] / "recipes" / "acer.py")
+QUIET = ["preset=cartpole", "log.progress=false", "eval.episodes=2"]
+
+
+def start_recipe(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """``recipes/acer.py`` in a session (process group) of its own, its stdout and stderr in one pipe."""
+    return subprocess.Popen([sys.executable, RECIPE, *QUIET, f"run_dir={run_dir}", *overrides],
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def signal_group(proc: subprocess.Popen, sig: int) -> tuple[int, str, float]:
+    """Send ``sig`` to the run's whole process group; returns its exit code, output and seconds to exit."""
+    sent = time.monotonic()
+    os.killpg(proc.pid, sig)
+    try:
+        output, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc.returncode, output, time.monotonic() - sent
+
+
+def last_line_alone(output: str) -> str:
+    """The output's last line, checked to be the only one about the stop and to follow no traceback (the lines
+    before it are the run's own, e.g. TorchRL's storage notices)."""
+    lines = output.strip().splitlines()
+    assert "Traceback" not in output and sum("interrupt" in line.lower() for line in lines) == 1, output
+    return lines[-1]
+
+
+def wait_for(condition, proc: subprocess.Popen, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, f"not reached within {seconds} s"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_group_signal_during_start_up_ends_at_once_with_one_line(tmp_path, sig, code):
+    proc = start_recipe(tmp_path / "run", "total_frames=200000")
+    time.sleep(3.0)  # imports, the agent, the workers starting: before the first batch
+    returncode, output, took = signal_group(proc, sig)
+    assert (returncode, last_line_alone(output)) == (code, "interrupted during start-up: nothing to save yet")
+    assert took < 10, f"acted after {took:.1f} s"
+    assert not (tmp_path / "run" / "checkpoint").exists()
+
+
+@pytest.mark.slow
+def test_a_second_run_into_a_locked_run_dir_is_refused_with_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    first = start_recipe(run_dir, "total_frames=200000")
+    try:
+        wait_for(lambda: f"pid {first.pid}" in (run_dir / "run.lock").read_text() if (run_dir / "run.lock").exists()
+                 else False, first, 60)
+        second = subprocess.run([sys.executable, RECIPE, *QUIET, f"run_dir={run_dir}"], capture_output=True, text=True,
+                                timeout=60)
+        assert second.returncode == 2 and not second.stdout, second
+        [line] = second.stderr.strip().splitlines()
+        assert f"run_dir={run_dir} is in use by another run" in line and f"pid {first.pid}" in line
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # a crash: the kernel releases the lock with the process
+        first.wait()
+    lock_run_dir(run_dir, "run_dir").close()  # the stale lock file is no obstacle
+
+
+def test_the_lock_is_exclusive_within_a_process_too(tmp_path):
+    held = lock_run_dir(tmp_path, "run_dir")
+    with pytest.raises(ConfigError, match=f"pid {os.getpid()}"):
+        lock_run_dir(tmp_path, "resume")
+    held.close()
+    lock_run_dir(tmp_path, "resume").close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs (needs root and mount; skipped otherwise)."""
+    path = tmp_path / "disk"
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip() or 'mount failed'}")
+    yield path
+    subprocess.run(["umount", str(path)], check=True)
+
+
+def fill(path: Path, keep_free: int) -> None:
+    """Fill the file system of ``path`` up to ``keep_free`` bytes."""
+    import shutil
+
+    (path / "filler").write_bytes(b"\0" * max(shutil.disk_usage(path).free - keep_free, 0))
+
+
+def test_a_full_disk_refuses_the_checkpoint_and_keeps_the_previous_one(small_disk):
+    replay = EpisodeReplay(100)
+    save_checkpoint(small_disk, {"w": torch.ones(1000)}, {"env_steps": 64}, replay)
+    fill(small_disk, 50_000)
+    with pytest.raises(CheckpointError, match="checkpoint.tmp: no space left on device .* the previous checkpoint .* "
+                                              "64 env steps. is kept"):
+        save_checkpoint(small_disk, {"w": torch.ones(100_000)}, {"env_steps": 128}, replay)
+    assert not (small_disk / "checkpoint.tmp").exists()
+    state, counters = load_checkpoint(small_disk, EpisodeReplay(100))
+    assert counters["env_steps"] == 64 and torch.equal(state["w"], torch.ones(1000))
+
+
+def test_a_disk_that_fills_while_the_checkpoint_is_written_leaves_no_partial_one(small_disk, monkeypatch):
+    import shutil
+
+    from acer_torchrl import checkpoint
+
+    fill(small_disk, 200_000)
+    plenty = shutil.disk_usage(small_disk)._replace(free=1 << 40)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: plenty)  # the check before passes: filled after
+    monkeypatch.setattr(checkpoint, "_write_failure", lambda err, run_dir: "no space left on device")
+    with pytest.raises(CheckpointError, match="no space left on device; no earlier checkpoint to resume from"):
+        save_checkpoint(small_disk, {"w": torch.ones(100_000)}, {"env_steps": 64}, EpisodeReplay(100))
+    assert not (small_disk / "checkpoint.tmp").exists()
+
+
+def test_a_full_disk_while_logging_metrics_warns_once_and_the_run_goes_on(small_disk, capsys):
+    log = MetricsLog(small_disk)
+    fill(small_disk, 0)
+    log.row(64, 1, 0.5, {"loss": 1.0})
+    log.row(128, 2, 1.0, {"loss": 2.0})
+    [warning] = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith(f"warning: cannot write {small_disk / 'metrics.csv'} (no space left on device)")
+    assert not (small_disk / "metrics.csv.tmp").exists()
+    (small_disk / "filler").unlink()
+    log.row(192, 3, 1.5, {"loss": 3.0})
+    assert len((small_disk / "metrics.csv").read_text().splitlines()) == 4  # the header and every row
+
+
+@pytest.mark.slow
+def test_a_run_whose_checkpoint_does_not_fit_ends_with_one_line(small_disk):
+    run = subprocess.run([sys.executable, RECIPE, *QUIET, f"run_dir={small_disk}", "total_frames=2000",
+                          "log.checkpoint_interval=500", "replay.capacity=20000"], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert sum(line.startswith("error") for line in lines) == 1, run.stderr
+    line = lines[-1]
+    tmp = small_disk / "checkpoint.tmp"
+    assert line.startswith(f"error: cannot write the checkpoint {tmp}: no space left on device")
+    assert not (small_disk / "checkpoint.tmp").exists()
