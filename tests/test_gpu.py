@@ -100,11 +100,23 @@ def compare_devices(algo: str, preset: str, tmp_path: Path, device: str) -> None
         torch.testing.assert_close(dev_grads[name], cpu_grads[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
+@contextlib.contextmanager
+def full_fp32_matmuls():
+    """TF32 off in cuBLAS and cuDNN while the block runs, then as it was. Not pytest's ``monkeypatch``: it cannot
+    restore ``torch.backends.cuda.matmul.allow_tf32`` (a ``__getattr__`` / ``__setattr__`` pair of
+    ``cuBLASModule``, no attribute of its own), and under pytest 9.2 six tests errored at teardown."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_loss_and_gradients_on_cuda_equal_cpu(case, tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    compare_devices(*CASES[case], tmp_path, "cuda")
+def test_loss_and_gradients_on_cuda_equal_cpu(case, tmp_path):
+    with full_fp32_matmuls():
+        compare_devices(*CASES[case], tmp_path, "cuda")
 
 
 def run_recipe(algo: str, *overrides: str) -> subprocess.CompletedProcess:

@@ -90,6 +90,21 @@ PRESETS: dict[str, dict[str, object]] = {
         "eval.interval": 250_000,
         "log.checkpoint_interval": 500_000,
     },
+    # The paper's shape on one GPU node (sec. 4: 16 actors, k = 20, 50 000 replayed steps per actor): 8 workers of
+    # 2 games on the node's CPU cores, the learner on the GPU; 800 000 steps of single frames in RAM (~7 GB)
+    "atari_gpu": {
+        **_ATARI,
+        "env.name": "ALE/Pong-v5",
+        "device": "cuda",
+        "total_frames": 10_000_000,
+        "collector.workers": 8,
+        "env.num_envs": 2,
+        "collector.frames_per_batch": 40,  # one 20-step window of each of the worker's 2 games
+        "replay.capacity": 800_000,
+        "replay.min_size": 20_000,
+        "eval.interval": 250_000,
+        "log.checkpoint_interval": 1_000_000,
+    },
     # The Atari settings (sec. 4) on MinAtar's network (Young & Tian 2019), feed-forward like MinAtar's agents
     # (its trail channels show the last move in one frame); 2M steps (issue 20's benchmark). The replay stays
     # in RAM: 100 000 steps of uint8 [C, 10, 10] grids are at most 100 MB of observations (Seaquest: C = 10).

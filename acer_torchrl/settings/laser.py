@@ -104,6 +104,25 @@ PRESETS: dict[str, dict] = {
         "eval.interval": 250_000,
         "log.checkpoint_interval": 250_000,
     },
+    # sec. 5.1's batch on one GPU node: 32 online and 128 replayed trajectories of 19 steps an update (an online share
+    # of 1/5); 8 workers of 8 games give 8 fresh windows a batch, 32 in the 4 batches the online windows keep.
+    # 1M steps of single frames in RAM (~9 GB)
+    "atari_gpu": {
+        **_ATARI,
+        "env.name": "ALE/Pong-v5",
+        "device": "cuda",
+        "gamma": 0.995,
+        "total_frames": 10_000_000,
+        "collector.workers": 8,
+        "env.num_envs": 8,
+        "collector.frames_per_batch": 152,  # 8 games x 19 steps
+        "replay.batch_size": 160,
+        "replay.capacity": 1_000_000,
+        "replay.min_size": 20_000,
+        "laser.online_share": 0.2,
+        "eval.interval": 250_000,
+        "log.checkpoint_interval": 1_000_000,
+    },
     # The Atari settings (sec. 5.1) on MinAtar's feed-forward network and with its discount 0.99 (Young & Tian
     # 2019); 2M steps (issue 20's benchmark). 200 000 steps of uint8 [C, 10, 10] grids stay in RAM (at most
     # 200 MB of observations, Seaquest: C = 10).

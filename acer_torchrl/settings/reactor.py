@@ -109,6 +109,19 @@ PRESETS = {
         "replay.memmap": True,
         "eval.interval": 250_000,
     },
+    # The atari preset on one GPU node: 14 workers on the node's CPU cores, the learner on the GPU, the replay in
+    # RAM (single frames stored once, ~8 KB a step with the acting outputs)
+    "atari_gpu": {
+        **_ATARI,
+        "env.name": "ALE/Pong-v5",
+        "env.frame_stack": 1,
+        "device": "cuda",
+        "total_frames": 10_000_000,
+        "collector.workers": 14,
+        "replay.capacity": 1_000_000,
+        "eval.interval": 250_000,
+        "log.checkpoint_interval": 1_000_000,
+    },
     # MinAtar's encoder (Young & Tian 2019; Table 1's convolutions do not fit 10x10 grids) with MinAtar's discount
     # 0.99; 2M steps (issue 20's benchmark). 200 000 steps in RAM: uint8 [C, 10, 10] grids are at most 1 kB a
     # step, the stored acting outputs a few hundred bytes. 4 games a collector worker (batches [4, 32]): 30 000
