@@ -16,11 +16,15 @@ class ManualResetAtariVectorEnv(AtariVectorEnv):
     so declaring ``DISABLED`` lets TorchRL reset finished envs itself, as it does for gymnasium vector envs.
 
     Episodic life (DQN): ale-py's ``life_loss_info`` ends the episode on a lost life while the game goes on;
-    the reset TorchRL then asks for is skipped for those envs, so the next episode continues the game.
+    the reset TorchRL then asks for is skipped for those envs, so the next episode continues the game. Not when
+    the game has also used up its frames (``max_num_frames_per_episode``): ale-py reports the lost life as a
+    termination without truncation but restarts the game at the next step, so that reset is not skipped (skipped,
+    the new episode's first step would have been followed by another game's first frames).
     """
 
     def __init__(self, *, episodic_life: bool, **kwargs):
         super().__init__(autoreset_mode=AutoresetMode.NEXT_STEP, life_loss_info=episodic_life, **kwargs)
+        self.max_frames = kwargs.get("max_num_frames_per_episode", 108_000)  # ale-py's default
         self.autoreset_mode = AutoresetMode.DISABLED
         self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.DISABLED}
         self.episodic_life = episodic_life
@@ -29,7 +33,8 @@ class ManualResetAtariVectorEnv(AtariVectorEnv):
     def step(self, actions: np.ndarray):
         obs, reward, terminated, truncated, info = super().step(actions)
         if self.episodic_life:
-            self.life_lost = terminated & ~truncated & (info["lives"] > 0)
+            game_goes_on = (info["lives"] > 0) & (info["episode_frame_number"] < self.max_frames)
+            self.life_lost = terminated & ~truncated & game_goes_on
         return obs, reward, terminated, truncated, info
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):

@@ -237,3 +237,25 @@ def test_extra_transforms_are_cloned_and_factories_pickle():
         td = env.reset()
         assert td["recurrent_state_h"].shape == (1, 8) and td["recurrent_state_c"].shape == (1, 8)
         env.close()
+
+
+def test_atari_episodic_life_restarts_the_game_when_its_frames_are_used_up():
+    """A life lost on the step that also uses up the game's frames (``max_num_frames_per_episode``): ale-py calls
+    it a termination, not a truncation, and restarts the game at the next step. The env must then reset (not skip
+    the reset as for a plain lost life), so that every step's next stack is its own stack shifted by one frame:
+    never a stack that jumps to another game's first frames (seed 5 met the case at step 540 before the fix)."""
+    venv = atari_vector_env(EnvConfig("ALE/Breakout-v5", episodic_life=True, noop_max=30, max_episode_steps=60), num_envs=2)
+    obs, _ = venv.reset(seed=5)
+    rng = np.random.default_rng(0)
+    used_up = jumps = 0
+    for _ in range(1_200):
+        following, _, terminated, truncated, info = venv.step(rng.integers(4, size=2))
+        jumps += sum(not np.array_equal(following[e][:-1], obs[e][1:]) for e in range(2))
+        done = terminated | truncated
+        used_up += int((terminated & (info["episode_frame_number"] >= venv.max_frames) & (info["lives"] > 0)).sum())
+        if done.any():
+            reset_obs, _ = venv.reset(options={"reset_mask": done})
+            following = np.where(done[:, None, None, None], reset_obs, following)
+        obs = following
+    venv.close()
+    assert used_up >= 1 and jumps == 0
