@@ -424,7 +424,8 @@ class EpisodeReplay:
         links["generator"] = self.generator.get_state()
         torch.save(links, path / "links.pt")
         if self.successor_keys:  # only the written entries: the ring is mostly untouched
-            checksums |= save_rows(self.episode_ends, min(self.end_entries_written, self.capacity), path / "episode_ends")
+            entries = min(self.end_entries_written, self.capacity)
+            checksums |= save_rows(self.episode_ends, entries, path / "episode_ends")
         counters = {
             "episodes_started": self.episodes_started,
             "steps_written": self.steps_written,
@@ -486,7 +487,8 @@ def save_rows(storage: Storage, rows: int, prefix: Path) -> dict[str, dict]:
         file = _column_file(prefix, key)
         file.parent.mkdir(parents=True, exist_ok=True)
         checksums[str(file.relative_to(prefix.parent))] = write_tensor(file, column[:rows])
-        columns.append({"key": list(key), "dtype": str(column.dtype).removeprefix("torch."), "shape": list(column.shape[1:])})
+        dtype = str(column.dtype).removeprefix("torch.")
+        columns.append({"key": list(key), "dtype": dtype, "shape": list(column.shape[1:])})
     (prefix / COLUMNS).write_text(json.dumps({"rows": rows, "columns": columns}))
     return checksums
 

@@ -173,7 +173,8 @@ def main() -> None:
     try:
         start = time.perf_counter()
         rb = filled_replay(args.steps, work / "scratch" if args.memmap else None)
-        print(f"filled {args.steps} steps ({'memmap' if args.memmap else 'in RAM'}) in {time.perf_counter() - start:.1f} s")
+        where = "memmap" if args.memmap else "in RAM"
+        print(f"filled {args.steps} steps ({where}) in {time.perf_counter() - start:.1f} s")
         state = {"loss": {f"copy{i}": torch.randn(STATE_FLOATS // 4) for i in range(4)}}
         run_dir = work / "run"
         run_dir.mkdir()
@@ -185,7 +186,8 @@ def main() -> None:
             size = tree_bytes(run_dir / "checkpoint")
             print(f"save {i + 1}: {size / 1e6:.0f} MB in {seconds:.2f} s = {size / 1e6 / seconds:.0f} MB/s "
                   f"({timer.phases(seconds)})")
-            print(f"  the disk then: {disk_reference(work, size):.0f} MB/s (as many bytes of zeros, written and fsynced)")
+            disk = disk_reference(work, size)
+            print(f"  the disk then: {disk:.0f} MB/s (as many bytes of zeros, written and fsynced)")
         evict(run_dir / "checkpoint")
         other = EpisodeReplay(args.steps, scratch_dir=work / "scratch2" if args.memmap else None, seed=1)
         with PhaseTimer().wrapped() as timer:
