@@ -8,8 +8,9 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
 1. ``TensorStorage._storage`` (the storage's TensorDict), through :func:`stored_tensordict`.
    Used by ``replay.py``: ``EpisodeReplay._index`` (gather only the loss's keys), ``_next_value`` (one column
    at successor slots, and from the ``episode_ends`` side storage), ``update`` (V-RACER's write-back of
-   some keys at some slots), ``column`` (one key over the whole replay: ReF-ER's far-policy share) and
-   ``save_rows`` (checkpoint the filled rows as a memory-mapped TensorDict).
+   some keys at some slots), ``column`` (one key over the whole replay: ReF-ER's far-policy share),
+   ``save_rows`` (checkpoint the filled rows, one raw file per column) and ``load_rows`` (read them back into
+   the storage's own memory).
    Why not the public API: ``Storage.get(index)`` returns every stored key (indexing costs time per key;
    a batch needs only the loss's ``in_keys``) and ``Storage.set(index, data)`` writes whole steps; there is
    no public access to one column or to a key subset. Upstream behaviour: TorchRL 0.14's

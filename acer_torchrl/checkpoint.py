@@ -2,14 +2,18 @@
 
 Layout under ``<run_dir>``: ``checkpoint/`` holds ``state.pt`` (tensors and plain containers only, read
 back with ``torch.load(weights_only=True)``: no arbitrary code runs on load), ``counters.json`` and
-``replay/`` (the filled slots as memory-mapped TensorDicts, read without unpickling, plus the episode links). A checkpoint is written to
-``checkpoint.tmp/`` and swapped in by renames, so a kill at any moment leaves a complete checkpoint
-(``checkpoint/`` or, between the two renames, ``checkpoint.old/``). ``manifest.json`` lists every file with its
-size and CRC-32; a checkpoint is verified against it before anything is read (a truncated, damaged or foreign
-file is one line, not zeros in the replay). torch is imported where a checkpoint is saved or loaded, so
-that :class:`CheckpointError` costs the command line (``--help``) no torch import. A disk too full for a
-checkpoint, or an I/O error while writing it, is one :class:`CheckpointError` line (:func:`_write_errors_reported`):
-the previous checkpoint stays, the partial ``checkpoint.tmp/`` is removed.
+``replay/`` (the filled slots as raw tensor files beside a JSON layout, read without unpickling, plus the
+episode links). A checkpoint is written to ``checkpoint.tmp/`` and swapped in by renames, so a kill at any
+moment leaves a complete checkpoint (``checkpoint/`` or, between the two renames, ``checkpoint.old/``).
+``manifest.json`` lists every file with its size and CRC-32; a checkpoint is verified against it before
+anything is read (a truncated, damaged or foreign file is one line, not zeros in the replay). The replay's
+tensors are written straight from their memory (:func:`write_tensor`), their CRC-32 computed on the bytes as
+they go out, so that a checkpoint is written once and not read back; the previous checkpoint is removed while
+training goes on (``benchmarks/checkpoint_speed.py``, ``benchmarks/results/checkpoints.md``). torch is
+imported where a checkpoint is saved or loaded, so that :class:`CheckpointError` costs the command line
+(``--help``) no torch import. A disk too full for a checkpoint, or an I/O error while writing it, is one
+:class:`CheckpointError` line (:func:`_write_errors_reported`): the previous checkpoint stays, the partial
+``checkpoint.tmp/`` is removed.
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ import functools
 import json
 import os
 import shutil
+import threading
 import zlib
 from pathlib import Path
 
 
 MANIFEST = "manifest.json"
+CHUNK_BYTES = 1 << 20  # a tensor is checksummed and written in pieces this size (still in the CPU's cache)
+_removal: threading.Thread | None = None  # the previous checkpoint's removal (:func:`_remove_in_background`)
 
 
 class CheckpointError(RuntimeError):
@@ -38,7 +45,7 @@ def _write_errors_reported(save):
     @functools.wraps(save)
     def guarded(run_dir: Path, state: dict, counters: dict, replay, *args, **kwargs) -> None:
         tmp = run_dir / "checkpoint.tmp"
-        needed = _tensor_bytes(state) + getattr(replay, "saved_bytes", lambda: 0)()
+        needed = _state_bytes(state) + getattr(replay, "saved_bytes", lambda: 0)()
         free = shutil.disk_usage(run_dir).free
         if free < needed * 1.1 + (1 << 16):  # a margin for the small files (counters, manifest)
             raise CheckpointError(f"cannot write the checkpoint {tmp}: no space left on device (it needs about "
@@ -55,12 +62,12 @@ def _write_errors_reported(save):
     return guarded
 
 
-def _tensor_bytes(value) -> int:
+def _state_bytes(value) -> int:
     """The bytes of the tensors in a nest of dicts, lists and tuples."""
     if isinstance(value, dict):
-        return sum(_tensor_bytes(v) for v in value.values())
+        return sum(_state_bytes(v) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in value)
+        return sum(_state_bytes(v) for v in value)
     return value.nelement() * value.element_size() if hasattr(value, "element_size") else 0
 
 
@@ -86,21 +93,40 @@ def _previous(run_dir: Path) -> str:
 
 @_write_errors_reported
 def save_checkpoint(run_dir: Path, state: dict, counters: dict, replay) -> None:
+    """Write ``state`` (``torch.save``), ``counters`` (JSON) and ``replay`` (its ``save``, which may return the
+    manifest entries of the files it wrote) as ``run_dir``'s checkpoint, atomically."""
     import torch
 
     final, tmp, old = (run_dir / n for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    _wait_for_removal()
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     torch.save(state, tmp / "state.pt")
-    replay.save(tmp / "replay")
+    checksums = replay.save(tmp / "replay") or {}
     (tmp / "counters.json").write_text(json.dumps(counters))
-    write_manifest(tmp)
+    write_manifest(tmp, {f"replay/{name}": entry for name, entry in checksums.items()})
     _fsync_tree(tmp)
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
     tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    _remove_in_background(old)
+
+
+def _remove_in_background(path: Path) -> None:
+    """Remove ``path`` (the previous checkpoint: unlinking gigabytes takes a second) in a thread while training
+    goes on. The next :func:`save_checkpoint` waits for it first and the interpreter at exit; a kill leaves part
+    of ``checkpoint.old``, which no load prefers to the complete ``checkpoint`` and the next save removes."""
+    global _removal
+    _removal = threading.Thread(
+        target=shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, name="checkpoint-removal"
+    )
+    _removal.start()
+
+
+def _wait_for_removal() -> None:
+    if _removal is not None:
+        _removal.join()
 
 
 def _fsync_tree(path: Path) -> None:
@@ -118,13 +144,53 @@ def _crc32(path: Path, chunk_bytes: int = 1 << 24) -> int:
     return crc
 
 
+def _memory_of(tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor (memory-mapped or not), without a copy."""
+    import torch
+
+    return memoryview(tensor.view(-1).view(torch.uint8).numpy())
+
+
+def write_tensor(path: Path, tensor) -> dict:
+    """Write a contiguous tensor's bytes to ``path`` (a raw file, no header) and return its manifest entry,
+    ``{"bytes": size, "crc32": checksum}``, the checksum computed on the bytes in memory as they are written."""
+    data = _memory_of(tensor)
+    crc = 0
+    with open(path, "wb") as f:
+        for start in range(0, len(data), CHUNK_BYTES):
+            chunk = data[start : start + CHUNK_BYTES]
+            crc = zlib.crc32(chunk, crc)
+            f.write(chunk)
+    return {"bytes": len(data), "crc32": crc}
+
+
+def read_tensor(path: Path, tensor) -> None:
+    """Fill a contiguous tensor in place with a file written by :func:`write_tensor` (``ValueError`` unless the
+    file holds exactly the tensor's bytes)."""
+    data = _memory_of(tensor)
+    size = path.stat().st_size
+    if size != len(data):
+        raise ValueError(f"{path.name} holds {size} bytes, its tensor {len(data)}")
+    with open(path, "rb") as f:
+        for start in range(0, len(data), CHUNK_BYTES):
+            chunk = data[start : start + CHUNK_BYTES]
+            if f.readinto(chunk) != len(chunk):
+                raise ValueError(f"{path.name} ended early")
+
+
 def _files(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def write_manifest(path: Path) -> None:
-    """``manifest.json``: ``{file: {"bytes": size, "crc32": checksum}}`` of every file under ``path``."""
-    files = {name: {"bytes": (path / name).stat().st_size, "crc32": _crc32(path / name)} for name in _files(path)}
+def write_manifest(path: Path, known: dict[str, dict] | None = None) -> None:
+    """``manifest.json``: ``{file: {"bytes": size, "crc32": checksum}}`` of every file under ``path``; the
+    entries of ``known`` (those :func:`write_tensor` returned, by path relative to ``path``) as given, the
+    other files read."""
+    known = known or {}
+    files = {
+        name: known.get(name) or {"bytes": (path / name).stat().st_size, "crc32": _crc32(path / name)}
+        for name in _files(path)
+    }
     (path / MANIFEST).write_text(json.dumps(files, indent=1))
 
 

@@ -163,6 +163,12 @@ class FrameStore:
         """Frame slots holding a frame."""
         return min(self.written, self.capacity)
 
+    def saved_bytes(self) -> int:
+        """Bytes a checkpoint writes of the frame store: the filled frame slots and the ids."""
+        filled = self.filled()
+        frames = stored_tensordict(self.storage)[:filled].bytes() if filled else 0
+        return frames + (self.ids.numel() + self.next_ids.numel() + self.owner.numel()) * 8
+
     def nbytes(self, observation: torch.Tensor) -> int:
         """Bytes of the frame ring for observations like ``observation`` (``[N, k, ...]``), ids included."""
         frame = observation[0, 0].numel() * observation.element_size()

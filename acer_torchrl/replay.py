@@ -41,6 +41,7 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Storage, TensorDictReplayBuffer
 
 from acer_torchrl._torchrl_compat import set_write_position, stored_tensordict
+from acer_torchrl.checkpoint import read_tensor, write_tensor
 from acer_torchrl.frame_store import FrameStore, frame_capacity
 from acer_torchrl.objectives.names import MASK_KEY, SLOT_KEY, WRITE_KEY
 from acer_torchrl.objectives.stored_estimates import EpisodeLinks, write_index
@@ -52,6 +53,7 @@ _LINKS = ("episode", "position", "prev", "next", "first", "alive", "end_entry")
 SUCCESSOR_KEYS = ("observation",)  # keys whose ("next", key) is the successor step's key: stored once
 FRAMES_KEY = "observation"  # the key a frame store keeps as single frames (when the replay has one)
 LINK_BYTES = 6 * 8 + 1  # the per-slot links: six int64 and one bool
+COLUMNS = "columns.json"  # beside a saved storage's column files: their keys, dtypes and shapes
 
 
 def available_memory() -> int | None:
@@ -116,7 +118,7 @@ class Replay(Protocol):
 
     def zero_recurrent_state(self, sample: TensorDictBase, hidden_keys: list[str]) -> None: ...
 
-    def save(self, path: Path) -> None: ...
+    def save(self, path: Path) -> dict[str, dict] | None: ...  # the manifest entries of the files it wrote, if known
 
     def load(self, path: Path) -> None: ...
 
@@ -465,21 +467,26 @@ class EpisodeReplay:
         rows = stored_tensordict(self.buffer.storage)[:filled].bytes() if filled else 0
         ends = min(self.end_entries_written, self.capacity)
         ends_bytes = stored_tensordict(self.episode_ends)[:ends].bytes() if self.successor_keys and ends else 0
-        return rows + ends_bytes + self.capacity * LINK_BYTES
+        frames = self.frames.saved_bytes() if self.frames is not None else 0
+        return rows + ends_bytes + frames + self.capacity * LINK_BYTES
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path) -> dict[str, dict]:
+        """Write the replay under ``path``: the filled slots (:func:`save_rows`), the links and counters.
+        Returns the manifest entries (size, CRC-32) of the row files, by path relative to ``path``."""
         path.mkdir(parents=True, exist_ok=True)
+        checksums = {}
         if self.steps_written:  # only the filled slots: a checkpoint is sized by content, not by capacity
-            save_rows(self.buffer.storage, min(self.steps_written, self.capacity), path / "steps")
+            checksums |= save_rows(self.buffer.storage, min(self.steps_written, self.capacity), path / "steps")
         links = {name: getattr(self, name) for name in _LINKS}
         links["generator"] = self.generator.get_state()
         if self.frames is not None:
             links.update(self.frames.state())
             if self.frames.filled():
-                save_rows(self.frames.storage, self.frames.filled(), path / "frames")
+                checksums |= save_rows(self.frames.storage, self.frames.filled(), path / "frames")
         torch.save(links, path / "links.pt")
         if self.successor_keys:  # only the written entries: the ring is mostly untouched
-            save_rows(self.episode_ends, min(self.end_entries_written, self.capacity), path / "episode_ends")
+            entries = min(self.end_entries_written, self.capacity)
+            checksums |= save_rows(self.episode_ends, entries, path / "episode_ends")
         counters = {
             "episodes_started": self.episodes_started,
             "steps_written": self.steps_written,
@@ -488,6 +495,7 @@ class EpisodeReplay:
             "successor_keys": self.successor_keys,
         }
         (path / "counters.json").write_text(json.dumps(counters))
+        return checksums
 
     def load(self, path: Path) -> None:
         """Restore a replay saved by :meth:`save`. Trajectories open at save time end there (the
@@ -523,16 +531,51 @@ class EpisodeReplay:
         self._alive_slots = None
 
 
-def save_rows(storage: Storage, rows: int, prefix: Path) -> None:
-    """The first ``rows`` entries of a TorchRL storage as a memory-mapped TensorDict (raw tensor files and JSON)."""
-    stored_tensordict(storage)[:rows].memmap(prefix, copy_existing=True)
+def _column_file(prefix: Path, key: tuple[str, ...]) -> Path:
+    """Where :func:`save_rows` writes the column ``key``: ``prefix/next/done.bin`` for ``("next", "done")``."""
+    return prefix.joinpath(*key[:-1], f"{key[-1]}.bin")
+
+
+def _dtype(name: str) -> torch.dtype:
+    """The torch dtype called ``name`` (``"uint8"``); ``ValueError`` for any other name."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{name!r} is not a torch dtype")
+    return dtype
+
+
+def save_rows(storage: Storage, rows: int, prefix: Path) -> dict[str, dict]:
+    """The first ``rows`` entries of a TorchRL storage under ``prefix``: each stored column as one raw file
+    (:func:`~acer_torchrl.checkpoint.write_tensor`, straight from the storage's memory) and their keys, dtypes
+    and shapes in ``columns.json``. Returns the files' manifest entries, by path relative to ``prefix.parent``."""
+    columns, checksums = [], {}
+    for key, column in stored_tensordict(storage).items(include_nested=True, leaves_only=True):
+        key = key if isinstance(key, tuple) else (key,)
+        file = _column_file(prefix, key)
+        file.parent.mkdir(parents=True, exist_ok=True)
+        checksums[str(file.relative_to(prefix.parent))] = write_tensor(file, column[:rows])
+        dtype = str(column.dtype).removeprefix("torch.")
+        columns.append({"key": list(key), "dtype": dtype, "shape": list(column.shape[1:])})
+    (prefix / COLUMNS).write_text(json.dumps({"rows": rows, "columns": columns}))
+    return checksums
 
 
 def load_rows(storage: Storage, prefix: Path) -> None:
-    """Entries saved by :func:`save_rows` back into the first slots of ``storage``. Only JSON metadata and raw
-    tensor files are read (``allow_pickle=False``): loading a checkpoint never runs pickled code."""
-    rows = TensorDict.load_memmap(prefix, allow_pickle=False)
-    storage.set(torch.arange(rows.shape[0]), rows)
+    """Entries saved by :func:`save_rows` back into the first slots of ``storage``, each column read straight
+    into the storage's memory. Only JSON and raw tensor files are read: loading a checkpoint never runs pickled
+    code. A replay saved before the columns were raw files (a memory-mapped TensorDict) loads through
+    ``TensorDict.load_memmap(allow_pickle=False)``."""
+    if not (prefix / COLUMNS).exists():
+        saved = TensorDict.load_memmap(prefix, allow_pickle=False)
+        storage.set(torch.arange(saved.shape[0]), saved)
+        return
+    layout = json.loads((prefix / COLUMNS).read_text())
+    rows, columns = layout["rows"], [(tuple(c["key"]), c) for c in layout["columns"]]
+    empty = TensorDict({key: torch.zeros(c["shape"], dtype=_dtype(c["dtype"])) for key, c in columns}, batch_size=[])
+    storage.set(slice(0, rows), empty.expand(rows))  # shapes the storage (allocated on first use) and its length
+    stored = stored_tensordict(storage)
+    for key, _ in columns:
+        read_tensor(_column_file(prefix, key), stored.get(key)[:rows])
 
 
 def refresh_from_prefix(

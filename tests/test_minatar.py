@@ -82,8 +82,9 @@ def test_minatar_preset_runs_and_evaluates(tmp_path, algo):
                          "replay.min_size=100", "eval.episodes=1", "eval.max_steps=50", "log.progress=false"])
     assert summary["env"] == BREAKOUT and summary["env_steps"] >= 300
     assert json.loads((tmp_path / "summary.json").read_text())["env"] == BREAKOUT
-    stored = json.loads((tmp_path / "checkpoint" / "replay" / "steps" / "meta.json").read_text())["observation"]
-    assert stored["dtype"] == "torch.uint8" and stored["shape"][1:] == [4, 10, 10]  # the replay keeps uint8 grids
+    columns = json.loads((tmp_path / "checkpoint" / "replay" / "steps" / "columns.json").read_text())["columns"]
+    stored = next(c for c in columns if c["key"] == ["observation"])
+    assert stored["dtype"] == "uint8" and stored["shape"] == [4, 10, 10]  # the replay keeps uint8 grids
 
 
 def test_missing_minatar_is_one_line_naming_the_package(tmp_path, monkeypatch):

@@ -321,12 +321,12 @@ def test_checkpoint_of_another_loss_layout_names_the_keys(tmp_path, probe_regist
 
 
 @pytest.mark.parametrize("damage, message", [
-    (lambda data: data[:100], "observation.memmap holds 100 bytes"),
-    (lambda data: bytes(len(data)), "observation.memmap fails its checksum"),
+    (lambda data: data[:100], "observation.bin holds 100 bytes"),
+    (lambda data: bytes(len(data)), "observation.bin fails its checksum"),
 ], ids=["truncated", "zeroed"])
 def test_damaged_replay_file_is_one_clear_error(tmp_path, probe_registered, damage, message):
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
-    observations = tmp_path / "checkpoint" / "replay" / "steps" / "observation.memmap"
+    observations = tmp_path / "checkpoint" / "replay" / "steps" / "observation.bin"
     observations.write_bytes(damage(observations.read_bytes()))
     with pytest.raises(CheckpointError, match=message) as err:
         run("probe", [f"resume={tmp_path}", "total_frames=128"])

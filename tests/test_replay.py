@@ -1,16 +1,19 @@
 """Episode-aligned replay: linking, sequence sampling, whole-episode eviction, recurrent refresh, persistence."""
 
 import json
+import shutil
 
 import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.modules import set_recurrent_mode
 
+from acer_torchrl._torchrl_compat import stored_tensordict
+from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import make_torso
 from acer_torchrl.objectives.stored_estimates import SlotEstimates, write_index
-from acer_torchrl.replay import EpisodeReplay, OnlineWindows
+from acer_torchrl.replay import _LINKS, EpisodeReplay, OnlineWindows
 from planted import plant_pickle
 
 
@@ -312,6 +315,77 @@ def test_save_load_round_trip(tmp_path):
     assert len(other) == len(rb) and other.steps_written == rb.steps_written
     a, b = rb.sample_sequences(16, 6), other.sample_sequences(16, 6)
     assert torch.equal(a["observation"], b["observation"]) and torch.equal(a["mask"], b["mask"])
+
+
+def replay_state(rb):
+    """Everything a resumed replay must get back: its stored rows, the chunk ends' next observations, the
+    links, the counters and the sampler's generator."""
+    rows = stored_tensordict(rb.buffer.storage)[: min(rb.steps_written, rb.capacity)]
+    ends = stored_tensordict(rb.episode_ends)[: min(rb.end_entries_written, rb.capacity)]
+    counters = (rb.episodes_started, rb.steps_written, rb.end_entries_written, rb.steps_missing, rb.successor_keys)
+    return rows, ends, [getattr(rb, name) for name in _LINKS], counters, rb.generator.get_state()
+
+
+def assert_same_bits(a, b):
+    """Two replays' :func:`replay_state` equal bit for bit (every key, dtype and value)."""
+    (rows_a, ends_a, links_a, counters_a, gen_a), (rows_b, ends_b, links_b, counters_b, gen_b) = a, b
+    for td_a, td_b in ((rows_a, rows_b), (ends_a, ends_b)):
+        assert set(td_a.keys(True, True)) == set(td_b.keys(True, True))
+        for key, value in td_a.items(True, True):
+            assert value.dtype == td_b.get(key).dtype and torch.equal(value, td_b.get(key)), key
+    assert all(torch.equal(x, y) for x, y in zip(links_a, links_b)) and counters_a == counters_b
+    assert torch.equal(gen_a, gen_b)
+
+
+@pytest.mark.parametrize("memmap", [False, True], ids=["in-RAM", "memmap"])
+def test_a_checkpointed_replay_comes_back_bit_for_bit(tmp_path, memmap):
+    """save_checkpoint / load_checkpoint: the stored rows, links, counters and sampling state of a wrapped ring
+    (evicted episodes, a running trajectory, chunk ends) come back exactly; both replays then sample and
+    store alike."""
+    rb = EpisodeReplay(40, seed=3, scratch_dir=tmp_path / "a" if memmap else None)
+    rb.extend(make_rows([[(1, 0, 12, True), (2, 0, 8, False)]]))
+    rb.extend(make_rows([[(2, 8, 15, True), (3, 0, 10, False)]]))
+    rb.extend(make_rows([[(3, 10, 6, False), (4, 0, 6, True)]]))
+    rb.sample_sequences(8, 4)  # the generator moves on from its seed
+    save_checkpoint(tmp_path, {"w": torch.arange(3.0)}, {"env_steps": 68}, rb)
+    other = EpisodeReplay(40, seed=99, scratch_dir=tmp_path / "b" if memmap else None)
+    state, counters = load_checkpoint(tmp_path, other)
+    assert torch.equal(state["w"], torch.arange(3.0)) and counters == {"env_steps": 68}
+    assert_same_bits(replay_state(rb), replay_state(other))
+    a, b = rb.sample_sequences(16, 6), other.sample_sequences(16, 6)
+    assert all(torch.equal(v, b.get(k)) for k, v in a.items(True, True))
+    for replay in (rb, other):  # open trajectories end at a checkpoint: new ids on both sides
+        replay._open.clear()
+        replay.extend(make_rows([[(5, 0, 9, True)]]))
+    assert_same_bits(replay_state(rb), replay_state(other))
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated"])
+def test_a_damaged_replay_column_is_refused_in_one_line(tmp_path, damage):
+    rb = EpisodeReplay(40, seed=0)
+    rb.extend(make_rows([[(1, 0, 12, True), (2, 0, 8, False)]]))
+    save_checkpoint(tmp_path, {}, {}, rb)
+    column = tmp_path / "checkpoint" / "replay" / "steps" / "observation.bin"
+    data = bytearray(column.read_bytes())
+    data[len(data) // 2] ^= 1
+    column.write_bytes(data if damage == "flipped byte" else data[:-4])
+    message = "fails its checksum" if damage == "flipped byte" else f"holds {len(data) - 4} bytes"
+    with pytest.raises(CheckpointError, match=f"replay/steps/observation.bin {message}") as err:
+        load_checkpoint(tmp_path, EpisodeReplay(40, seed=0))
+    assert "\n" not in str(err.value)
+
+
+def test_a_replay_saved_as_memory_mapped_tensordicts_still_loads(tmp_path):
+    """Checkpoints written before the rows were raw column files hold TensorDict.memmap directories."""
+    rb = EpisodeReplay(30, seed=0)
+    rb.extend(make_rows([[(1, 0, 12, True), (2, 0, 8, False)]]))
+    rb.save(tmp_path / "old")
+    for name, storage, rows in (("steps", rb.buffer.storage, 20), ("episode_ends", rb.episode_ends, 2)):
+        shutil.rmtree(tmp_path / "old" / name)
+        stored_tensordict(storage)[:rows].memmap(tmp_path / "old" / name)
+    other = EpisodeReplay(30, seed=0)
+    other.load(tmp_path / "old")
+    assert_same_bits(replay_state(rb), replay_state(other))
 
 
 def test_online_windows_cut_rows_and_take_freshest():

@@ -97,9 +97,9 @@ class SharedReplay:
             ids = self.replay.column(AGENT_KEY).reshape(-1)
         return torch.bincount(ids, minlength=self.n_agents).tolist()
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path) -> dict[str, dict]:
         with self.lock:
-            self.replay.save(Path(path))
+            return self.replay.save(Path(path))
 
     def load(self, path: Path) -> None:
         with self.lock:
@@ -209,15 +209,18 @@ class AgentReplay:
     def gather(self, idx: torch.Tensor, keys: list[NestedKey] | None = None) -> TensorDictBase:
         return self.shared.gather(idx, keys)
 
-    def save(self, path: Path) -> None:
-        """The shared replay (owner only) and this agent's ``sampled`` counts (every agent)."""
+    def save(self, path: Path) -> dict[str, dict]:
+        """The shared replay (owner only) and this agent's ``sampled`` counts (every agent); returns the
+        manifest entries of the shared replay's row files (:meth:`EpisodeReplay.save`)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
+        checksums = {}
         if self.owner:
-            self.shared.save(path)
+            checksums = self.shared.save(path)
         else:
             (path / "shared.json").write_text(json.dumps({"agent_id": self.agent_id, "stored_by": "agent 0"}))
         (path / SAMPLED_FILE).write_text(json.dumps(self.sampled.tolist()))
+        return checksums
 
     def load(self, path: Path) -> None:
         path = Path(path)

@@ -1,0 +1,204 @@
+"""Speed of a run's checkpoint (``save_checkpoint`` / ``load_checkpoint``) with an Atari replay.
+
+    python benchmarks/checkpoint_speed.py --steps 100000 [--memmap] [--dir /tmp] [--repeat 2]
+
+Fills an ``EpisodeReplay`` of ``--steps`` slots (in RAM, or with ``--memmap`` on ``LazyMemmapStorage`` in
+``--dir``) with ``--steps`` synthetic steps holding what the Atari preset stores of a collected batch (the
+keys and dtypes of ``recipes/acer.py preset=atari``'s batches, without the policy's activations): uint8
+``[4, 84, 84]`` observations (ale-py's frame stacks), action, reward, done / terminated / truncated,
+``is_init``, ``step_count``, episode returns, the collector's trajectory ids and the behaviour policy's
+logits [6] and log-probability; two envs, 1 000-step episodes. The state saved beside it is the preset's
+size: 27 MB (its network, ACER's average network and Adam's two moments, 1.69 M floats each).
+
+Then saves a checkpoint into a run directory under ``--dir`` ``--repeat`` times (the second and later
+over the previous checkpoint, as a run does) and loads it back into a new replay (the files evicted from
+the page cache first, ``posix_fadvise(DONTNEED)``: a resumed run reads them from the disk). Prints the
+seconds and MB/s (10^6 bytes of checkpoint a second) of each, split into phases: for a save ``state.pt``,
+the replay's rows, its links, the manifest (checksums), ``fsync`` and the rest (renames; waiting for the
+removal of the checkpoint before the previous one); for a load the manifest's verification (every file
+read and checksummed) and the replay's rows. After each save the disk's own speed at that moment is printed
+(as many bytes of zeros written and fsynced): the disk is shared, and no checkpoint writes faster than it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+from acer_torchrl import checkpoint, replay
+from acer_torchrl.checkpoint import load_checkpoint, save_checkpoint
+from acer_torchrl.replay import EpisodeReplay
+
+EPISODE = 1_000  # steps of each synthetic episode
+STATE_FLOATS = 4 * 1_690_000  # the Atari preset's state.pt: 4 copies of a 1.69 M-parameter network
+
+
+def atari_batch(first: int, n_envs: int, T: int, frames: torch.Tensor) -> TensorDict:
+    """Steps ``first .. first + T - 1`` of ``n_envs`` envs, as the Atari preset's collector yields them
+    (``[n_envs, T]``); episodes of :data:`EPISODE` steps, a new trajectory id each. Observations are drawn
+    from ``frames`` (random bytes: the disk sees no difference)."""
+    step = first + torch.arange(T)
+    step_count = (step % EPISODE).expand(n_envs, T).unsqueeze(-1)
+    traj = torch.arange(n_envs).unsqueeze(-1) + n_envs * (step // EPISODE)
+    done = step_count == EPISODE - 1
+    obs = frames[step % frames.shape[0]].expand(n_envs, T, *frames.shape[1:])
+    shape = (n_envs, T)
+    return TensorDict(
+        {
+            "observation": obs,
+            "action": torch.randint(0, 6, shape),
+            "is_init": step_count == 0,
+            "step_count": step_count,
+            "episode_reward": torch.zeros(*shape, 1),
+            "done": torch.zeros(*shape, 1, dtype=torch.bool),
+            "terminated": torch.zeros(*shape, 1, dtype=torch.bool),
+            "truncated": torch.zeros(*shape, 1, dtype=torch.bool),
+            ("collector", "traj_ids"): traj,
+            ("behaviour", "logits"): torch.randn(*shape, 6),
+            ("behaviour", "log_prob"): torch.randn(shape),
+            ("next", "observation"): frames[(step + 1) % frames.shape[0]].expand(n_envs, T, *frames.shape[1:]),
+            ("next", "is_init"): torch.zeros(*shape, 1, dtype=torch.bool),
+            ("next", "step_count"): step_count + 1,
+            ("next", "episode_reward"): torch.zeros(*shape, 1),
+            ("next", "reward"): torch.randn(*shape, 1).sign(),
+            ("next", "done"): done,
+            ("next", "terminated"): done.clone(),
+            ("next", "truncated"): torch.zeros(*shape, 1, dtype=torch.bool),
+        },
+        batch_size=shape,
+    )
+
+
+def filled_replay(steps: int, scratch_dir: Path | None, n_envs: int = 2, T: int = 500) -> EpisodeReplay:
+    """An ``EpisodeReplay`` of ``steps`` slots holding ``steps`` synthetic Atari steps (:func:`atari_batch`)."""
+    rb = EpisodeReplay(steps, scratch_dir=scratch_dir, seed=0)
+    frames = torch.randint(0, 256, (997, 4, 84, 84), dtype=torch.uint8)
+    for first in range(0, steps // n_envs, T):
+        rb.extend(atari_batch(first, n_envs, min(T, steps // n_envs - first), frames))
+    return rb
+
+
+class PhaseTimer:
+    """Seconds spent in named functions of the checkpoint code, summed over calls, while :meth:`wrapped`."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._restore: list[tuple] = []  # (owner, name, the function wrapped)
+
+    def wrap(self, owner, name: str, phase) -> None:
+        """Time ``owner.name`` under ``phase`` (a name, or a function of the call's arguments giving one)."""
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[phase(*args) if callable(phase) else phase] += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+        self._restore.append((owner, name, original))
+
+    @contextlib.contextmanager
+    def wrapped(self):
+        """Time the checkpoint's phases: ``state.pt`` and ``links.pt`` (``torch.save``), the replay's rows
+        (saved or loaded), the manifest (written or verified) and ``fsync``."""
+        self.wrap(torch, "save", lambda obj, path, *rest: Path(path).name)
+        self.wrap(replay, "save_rows", "rows")
+        self.wrap(replay, "load_rows", "rows")
+        self.wrap(checkpoint, "write_manifest", "manifest")
+        self.wrap(checkpoint, "verify_manifest", "verify")
+        self.wrap(checkpoint, "_fsync_tree", "fsync")
+        try:
+            yield self
+        finally:
+            for owner, name, original in reversed(self._restore):
+                setattr(owner, name, original)
+            self._restore.clear()
+
+    def phases(self, total: float) -> str:
+        """``"phase seconds, ..."``, the time outside the timed functions (of ``total``) as ``rest``."""
+        rest = total - sum(self.seconds.values())
+        return ", ".join(f"{k} {v:.2f}" for k, v in {**self.seconds, "rest": rest}.items())
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def evict(path: Path) -> None:
+    """Drop ``path``'s files from the page cache (clean pages: no privilege needed), so that reading them
+    back reads the disk."""
+    for f in path.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def disk_reference(directory: Path, nbytes: int) -> float:
+    """MB/s of the disk right now: ``nbytes`` of zeros written in 16 MiB pieces and fsynced (what ``dd
+    conv=fsync`` measures), the bound on a checkpoint's speed on a disk others write to as well."""
+    block = bytes(1 << 24)
+    path = directory / "disk-reference"
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        for _ in range(0, nbytes, len(block)):
+            f.write(block)
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return nbytes / 1e6 / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--memmap", action="store_true", help="the replay on LazyMemmapStorage (the Atari preset's)")
+    parser.add_argument("--dir", default=None, help="where the run directory goes (default: the system's temp dir)")
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="checkpoint-speed-", dir=args.dir))
+    try:
+        start = time.perf_counter()
+        rb = filled_replay(args.steps, work / "scratch" if args.memmap else None)
+        where = "memmap" if args.memmap else "in RAM"
+        print(f"filled {args.steps} steps ({where}) in {time.perf_counter() - start:.1f} s")
+        state = {"loss": {f"copy{i}": torch.randn(STATE_FLOATS // 4) for i in range(4)}}
+        run_dir = work / "run"
+        run_dir.mkdir()
+        for i in range(args.repeat):
+            with PhaseTimer().wrapped() as timer:
+                start = time.perf_counter()
+                save_checkpoint(run_dir, state, {"env_steps": args.steps}, rb)
+                seconds = time.perf_counter() - start
+            size = tree_bytes(run_dir / "checkpoint")
+            print(f"save {i + 1}: {size / 1e6:.0f} MB in {seconds:.2f} s = {size / 1e6 / seconds:.0f} MB/s "
+                  f"({timer.phases(seconds)})")
+            disk = disk_reference(work, size)
+            print(f"  the disk then: {disk:.0f} MB/s (as many bytes of zeros, written and fsynced)")
+        evict(run_dir / "checkpoint")
+        other = EpisodeReplay(args.steps, scratch_dir=work / "scratch2" if args.memmap else None, seed=1)
+        with PhaseTimer().wrapped() as timer:
+            start = time.perf_counter()
+            load_checkpoint(run_dir, other)
+            seconds = time.perf_counter() - start
+        print(f"load: {size / 1e6:.0f} MB in {seconds:.2f} s = {size / 1e6 / seconds:.0f} MB/s (from the disk; "
+              f"{timer.phases(seconds)})")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
