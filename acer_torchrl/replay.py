@@ -365,7 +365,7 @@ class EpisodeReplay:
         """``("next", key)`` at stored steps: the successor's ``key``, or the chunk end's own copy."""
         successor = self.next[flat_idx]
         has_successor = successor >= 0
-        values = stored_tensordict(self.buffer.storage).get(key)[torch.where(has_successor, successor, flat_idx)]
+        values = _rows(stored_tensordict(self.buffer.storage).get(key), torch.where(has_successor, successor, flat_idx))
         if not bool(has_successor.all()):
             entry = self.end_entry[flat_idx[~has_successor]]
             if bool((entry < 0).any()):
