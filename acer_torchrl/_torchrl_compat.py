@@ -1,4 +1,5 @@
-"""Every use of a private TorchRL attribute in this package, in one place, and the helpers that make them.
+"""Every use of a private TorchRL attribute or torch function in this package, in one place, and the helpers
+that make them.
 
 The package pins ``torchrl>=0.14,<0.15`` and ``tensordict>=0.14,<0.15`` (``pyproject.toml``; tested:
 ``torchrl==0.14.1``, ``tensordict==0.14.3`` in ``constraints.txt``) because of the uses below. Before raising
@@ -39,16 +40,7 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
    a ``SharedMemWeightSyncScheme`` holds multiprocessing queues and a receiver thread in each worker; shut
    down from ``__del__`` during interpreter teardown it hangs the exit (``collectors.py``'s docstring).
 
-5. ``TargetNetUpdater._sources`` / ``._targets`` and the ``target_<name>`` key pairing, through
-   :func:`target_updater_params`. Used by ``objectives/updaters.py``: ``_FusedPairs._pairs`` (one fused
-   ``torch._foreach_lerp_`` / ``_foreach_copy_`` over all parameters). Why: TorchRL's ``SoftUpdate.step`` /
-   ``HardUpdate.step`` walk both TensorDicts key by key on every step (milliseconds a learner step on two
-   CPU cores) and expose neither the parameter lists nor a fused step. Upstream behaviour: TorchRL 0.14's
-   ``TargetNetUpdater`` builds, on first access, ``_sources`` (the loss's ``<name>_params``) and ``_targets``
-   (its ``target_<name>_params``), the target of source key ``(name, ...)`` under ``("target_" + name, ...)``
-   (``TargetNetUpdater.init_``); ``objectives/updaters.py`` caches its own lists under ``_pairs_val``.
-
-6. ``torchrl.collectors.distributed.generic._distributed_init_delayed``, through
+5. ``torchrl.collectors.distributed.generic._distributed_init_delayed``, through
    :func:`serve_delayed_collection`. Used by ``collectors.py``: ``serve_remote_collection`` (a collector
    rank of a multi-node job). Why: ``DistributedCollector(launcher="submitit_delayed")`` is TorchRL's
    public mode for jobs whose nodes are allocated up front (the learner does not submit jobs of its own),
@@ -59,7 +51,7 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
    world_size)`` joins the ``torch.distributed`` group at ``tcp://rank0_ip:tcpport``, receives its
    collector's settings from rank 0 (``scatter_object_list``) and serves batches until told to shut down.
 
-7. ``DistributedWeightSyncScheme._send_instruction("stop")``, through :func:`stop_weight_receivers`. Used
+6. ``DistributedWeightSyncScheme._send_instruction("stop")``, through :func:`stop_weight_receivers`. Used
    by ``collectors.py``: ``RemoteCollector.shutdown`` (before the collector's own shutdown). Why: each remote
    rank applies weights in a background thread that blocks in ``TCPStore.get`` on the scheme's store;
    the scheme's ``shutdown()`` there only sets an event that thread reads between two gets, so the thread is
@@ -68,7 +60,7 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
    no public call sends it. Upstream behaviour: TorchRL 0.14's ``_background_receive_loop`` breaks on
    "stop"; a sender's ``send()`` waits for every rank's acknowledgement, so no update is in flight then.
 
-8. ``DistributedCollector._next_async`` (overridden) and ``._store`` (the instruction store), through
+7. ``DistributedCollector._next_async`` (overridden) and ``._store`` (the instruction store), through
    :func:`mark_remote_rank_busy`. Used by ``collectors.py``: ``RemoteCollector._next_async``. Why: in async
    mode the collector scans ranks 1..n for the status "done" and takes the first; a rank's status stays
    "done" after its batch was taken until the rank reads its next "continue", so the scan picks the same
@@ -77,7 +69,7 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
    ``_next_async(total_frames, trackers)`` returns ``(data, total_frames, ready_worker_idx)``; the status
    key is ``NODE_<rank>_status`` in ``_store``.
 
-9. Not a private attribute but upstream behaviour that ``collectors.py``'s ``SharedWeightsScheme.send`` (the
+8. Not a private attribute but upstream behaviour that ``collectors.py``'s ``SharedWeightsScheme.send`` (the
    push of ``update_policy_weights_()``, overridden through public API: ``model`` and
    ``shared_transport.unique_weights``) relies on: a worker acts with the scheme's shared-memory tensors
    themselves, so writing them is the whole push and TorchRL's message and acknowledgement round trip to each
@@ -87,7 +79,7 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
    ``MultiCollector._setup_multi_policy_and_weights`` moves a CPU policy's own parameters to shared memory in
    place (``TensorDict.from_module(policy).share_memory_()``), from which the scheme's tensors are made.
    ``tests/test_collectors.py`` checks that workers act with the learner's weights bit for bit after a push.
-10. ``torchrl._utils._ProcessNoWarnMixin.start`` (wrapped while a collector starts its workers), through
+9. ``torchrl._utils._ProcessNoWarnMixin.start`` (wrapped while a collector starts its workers), through
    :func:`collector_worker_starts`. Used by ``collectors.py``: ``MultiProcessCollector._run_processes`` (each
    worker starts with the learner's signals held, so that a Ctrl-C during its imports does not reach it, and
    the workers started so far are known when a signal interrupts the start). Why: the collector makes and starts
@@ -95,9 +87,37 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
    0.14's ``_run_processes`` starts every worker through a class of ``_make_process_no_warn_cls(ctx)``, each a
    subclass of ``_ProcessNoWarnMixin`` whose ``start()`` it calls.
 
-Not TorchRL, noted for completeness: ``torch._foreach_lerp_`` / ``torch._foreach_copy_`` (the fused updates
-above, and ``collectors.copy_weights_``) are underscore-named torch functions, stable in practice (``torch.optim``
-uses them) but not documented API. tensordict's ``TensorDictModule._kwargs`` (None unless the module was built with a dict of ``in_keys``,
+Private torch functions (underscore-named, not documented API, but what ``torch.optim`` and
+``torch.nn.utils.clip_grad_norm_`` run on: stable in practice; ``pyproject.toml`` gives torch no upper bound for
+that reason). Each is looked up where it is used and has a public fallback taken where this torch lacks it;
+``tests/test_torch_compat.py`` takes each away and checks the fallback's numbers.
+
+T1. ``torch._fused_adam_`` and ``torch._foreach_add_``, in ``optim.py``: ``AdamStep``. Why: the kernel of
+   ``torch.optim.Adam(fused=True)`` without ``Optimizer.step``'s Python around it (0.15-0.35 ms of a ~3 ms
+   V-RACER update; ``AdamStep``'s docstring).
+   Upstream behaviour: torch's ``adam._fused_adam`` adds 1 to the ``step`` tensors with ``_foreach_add_`` and calls
+   ``_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, amsgrad=, lr=, beta1=, beta2=,
+   weight_decay=, eps=, maximize=, grad_scale=, found_inf=)``; ``tests/test_optim.py`` compares the two steps bit
+   for bit, so a changed signature or arithmetic fails there. Fallback (either missing): ``optimizer.step()``, the
+   same bits (:func:`has_fused_adam`).
+T2. ``torch._foreach_norm`` and ``torch._foreach_mul_``, through :func:`foreach_norm` and :func:`foreach_mul_`.
+   Used by ``trainer.py``: ``Trainer.clip_gradients``. Why: the global gradient norm and the rescaling as
+   ``clip_grad_norm_(foreach=True)`` computes them, without its grouping by device and dtype (38 instead of 63 us
+   a call for ACER CartPole's network).
+   Upstream behaviour: ``_foreach_norm(tensors)`` returns each tensor's 2-norm,
+   ``_foreach_mul_(tensors, scalar_tensor)`` multiplies each in place. Fallbacks: ``torch.linalg.vector_norm``
+   and ``Tensor.mul_`` per tensor (``clip_grad_norm_(foreach=False)``'s; the same bits on CPU).
+T3. ``torch._foreach_lerp_`` and ``torch._foreach_copy_``, through :func:`foreach_lerp_` and
+   :func:`foreach_copy_`. Used by ``objectives/updaters.py`` (ACER's average network, the target networks) and
+   ``collectors.copy_weights_`` (the weight push). Why: one call for all parameters, where TorchRL's
+   ``SoftUpdate`` / ``HardUpdate`` walk their TensorDicts key by key (milliseconds a learner step on two CPU
+   cores; ``objectives/updaters.py``'s docstring).
+   Upstream behaviour: the per-pair ``lerp_`` / ``copy_`` of each pair of lists, across devices for ``_foreach_copy_``.
+   Fallbacks: ``Tensor.lerp_`` and ``Tensor.copy_`` per pair (the same bits on CPU).
+
+Noted for completeness: ``torch.ops.aten.softplus_backward`` (``algorithms/vracer.py``'s written-out backward)
+is an ATen operator, public through ``torch.ops``, not an underscore-named function; tensordict's
+``TensorDictModule._kwargs`` (None unless the module was built with a dict of ``in_keys``,
 whose inputs then go in as keywords) is read by ``objectives/common.py``'s ``TensorCall.of``, inline: the losses
 import nothing of the package outside ``objectives/`` (``tests/test_plain_torchrl_loop.py``).
 """
@@ -108,11 +128,12 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
     from torchrl.data import Storage
     from torchrl.data.replay_buffers.writers import Writer
-    from torchrl.objectives.utils import TargetNetUpdater
 
 
 def stored_tensordict(storage: Storage) -> TensorDictBase:
@@ -132,24 +153,18 @@ def weight_sync_schemes(collector: Any) -> dict[str, Any]:
 
 
 def stop_weight_receivers(collector: Any) -> None:
-    """Tell the remote ranks' weight-receiving threads of a ``DistributedCollector`` to end (use 7 above)."""
+    """Tell the remote ranks' weight-receiving threads of a ``DistributedCollector`` to end (use 6 above)."""
     for scheme in weight_sync_schemes(collector).values():
         scheme._send_instruction("stop")
 
 
 def mark_remote_rank_busy(collector: Any, rank: int) -> None:
-    """Set remote rank ``rank``'s status to "busy" in a ``DistributedCollector``'s store (use 8 above)."""
+    """Set remote rank ``rank``'s status to "busy" in a ``DistributedCollector``'s store (use 7 above)."""
     collector._store.set(f"NODE_{rank}_status", b"busy")
 
 
-def target_updater_params(updater: TargetNetUpdater) -> tuple[TensorDictBase, TensorDictBase]:
-    """``(sources, targets)``: the parameters a TorchRL target updater copies from and into (use 5 above);
-    the target of source key ``(name, ...)`` is ``("target_" + name, ...)`` in ``targets``."""
-    return updater._sources, updater._targets
-
-
 def serve_delayed_collection(rank: int, world_size: int, master_addr: str, port: int) -> None:
-    """Serve as collector rank ``rank`` of a ``DistributedCollector(launcher="submitit_delayed")`` (use 6)."""
+    """Serve as collector rank ``rank`` of a ``DistributedCollector(launcher="submitit_delayed")`` (use 5)."""
     from torchrl.collectors.distributed.generic import _distributed_init_delayed
 
     _distributed_init_delayed(rank, "gloo", master_addr, port, world_size)
@@ -157,7 +172,7 @@ def serve_delayed_collection(rank: int, world_size: int, master_addr: str, port:
 
 @contextlib.contextmanager
 def collector_worker_starts(around: Callable[[], contextlib.AbstractContextManager]):
-    """While the block runs, every collector worker TorchRL starts is started inside ``around()`` (use 10);
+    """While the block runs, every collector worker TorchRL starts is started inside ``around()`` (use 9);
     yields the list of the processes started so far (each added before ``around()`` ends)."""
     from torchrl._utils import _ProcessNoWarnMixin
 
@@ -173,3 +188,45 @@ def collector_worker_starts(around: Callable[[], contextlib.AbstractContextManag
         yield started
     finally:
         _ProcessNoWarnMixin.start = start
+
+
+def has_fused_adam() -> bool:
+    """Whether this torch has the fused Adam kernel and the step counter's in-place add ``AdamStep`` calls (T1)."""
+    return hasattr(torch, "_fused_adam_") and hasattr(torch, "_foreach_add_")
+
+
+def foreach_norm(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's 2-norm: ``torch._foreach_norm``, else ``torch.linalg.vector_norm`` per tensor (T2)."""
+    fused = getattr(torch, "_foreach_norm", None)
+    return list(fused(tensors)) if fused else [torch.linalg.vector_norm(t) for t in tensors]
+
+
+def foreach_mul_(tensors: list[torch.Tensor], scale: torch.Tensor) -> None:
+    """Multiply each tensor by ``scale`` in place: ``torch._foreach_mul_``, else ``Tensor.mul_`` per tensor (T2)."""
+    fused = getattr(torch, "_foreach_mul_", None)
+    if fused:
+        fused(tensors, scale)
+    else:
+        for t in tensors:
+            t.mul_(scale)
+
+
+def foreach_lerp_(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: float) -> None:
+    """``target += weight (source - target)`` for each pair in place: ``torch._foreach_lerp_``, else ``Tensor.lerp_``
+    per pair (T3)."""
+    fused = getattr(torch, "_foreach_lerp_", None)
+    if fused:
+        fused(targets, sources, weight)
+    else:
+        for target, source in zip(targets, sources, strict=True):
+            target.lerp_(source, weight)
+
+
+def foreach_copy_(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """Copy each source into its destination in place: ``torch._foreach_copy_``, else ``Tensor.copy_`` per pair (T3)."""
+    fused = getattr(torch, "_foreach_copy_", None)
+    if fused:
+        fused(destinations, sources)
+    else:
+        for destination, source in zip(destinations, sources, strict=True):
+            destination.copy_(source)

@@ -50,6 +50,7 @@ from torchrl.weight_update import SharedMemWeightSyncScheme
 
 from acer_torchrl._torchrl_compat import (
     collector_worker_starts,
+    foreach_copy_,
     mark_remote_rank_busy,
     serve_delayed_collection,
     stop_weight_receivers,
@@ -104,7 +105,7 @@ def copy_weights_(destination: TensorDictBase, source: TensorDictBase) -> None:
     pairs = [(dst, src) for dst, src in pairs if dst.data_ptr() != src.data_ptr()]
     if pairs:
         with torch.no_grad():
-            torch._foreach_copy_([dst for dst, _ in pairs], [src for _, src in pairs])
+            foreach_copy_([dst for dst, _ in pairs], [src for _, src in pairs])
 
 
 class SharedWeightsScheme(SharedMemWeightSyncScheme):

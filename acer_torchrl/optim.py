@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from acer_torchrl._torchrl_compat import has_fused_adam
+
 
 class AdamStep:
     """``optimizer.step()`` for the learner's fused Adam: the same kernel (``torch._fused_adam_``) with the same
@@ -11,7 +13,8 @@ class AdamStep:
     and step hooks, the dynamo and differentiable-mode guards, the state look-up and the grouping of every tensor by
     device and dtype): 0.15-0.35 ms of a ~3 ms V-RACER update on one core, measured in the learner's loop. The kernel
     is a private torch op: ``tests/test_optim.py`` compares the two steps bit for bit over several steps, learning
-    rates and a loaded state, and fails if its arguments or arithmetic change with a torch release.
+    rates and a loaded state, and fails if its arguments or arithmetic change with a torch release; a torch without
+    it takes ``optimizer.step()`` (``acer_torchrl/_torchrl_compat.py``, T1).
 
     Taken for a fused Adam with one parameter group whose parameters share a device and a dtype (the learner's),
     without AMSGrad, ``maximize``, capturable or differentiable mode and with a float learning rate, once every
@@ -24,7 +27,8 @@ class AdamStep:
         groups = optimizer.param_groups
         group = groups[0]
         self.direct = (
-            type(optimizer) is torch.optim.Adam
+            has_fused_adam()
+            and type(optimizer) is torch.optim.Adam
             and len(groups) == 1
             and group["fused"]
             and not any(group[k] for k in ("amsgrad", "maximize", "capturable", "differentiable"))

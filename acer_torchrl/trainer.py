@@ -29,6 +29,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.modules import set_recurrent_mode
 from tqdm import tqdm
 
+from acer_torchrl._torchrl_compat import foreach_mul_, foreach_norm
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -286,10 +287,10 @@ class Trainer:
         dtype, as the learner's are (fused Adam needs that too), without its grouping: 38 instead of 63 us a call
         for ACER CartPole's network."""
         grads = [p.grad for p in self.params if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        norm = torch.linalg.vector_norm(torch.stack(foreach_norm(grads)))
         max_norm = self.cfg.optim.max_grad_norm
         if not math.isinf(max_norm):
-            torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+            foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
         return norm
 
     def fill_replay(self, steps: int, batches: Iterator[TensorDictBase] | None = None) -> None:

@@ -1,5 +1,7 @@
 """Config: presets, typed overrides, one-line errors, YAML round trip, the CLI's error path."""
 
+import contextlib
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from acer_torchrl.algorithms import REGISTRY
 from acer_torchrl.config import ConfigError, dump_yaml, from_dict, load_config, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,14 +92,18 @@ def test_resume_of_a_directory_without_run_says_so(tmp_path):
         load_config("acer", [f"resume={tmp_path}"])
 
 
-def test_cli_prints_one_line_and_exits_2_without_traceback():
+@pytest.mark.parametrize("override, start", [
+    ("optim.lrr=1", "error: unknown config key 'optim.lrr'; did you mean optim.lr"),
+    ("acer.replay_ration=4", "error: unknown config key 'acer.replay_ration'; did you mean acer.replay_ratio"),
+])
+def test_cli_prints_one_line_and_exits_2_without_traceback(override, start):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "recipes" / "acer.py"), "optim.lrr=1"],
+        [sys.executable, str(ROOT / "recipes" / "acer.py"), override],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: unknown config key 'optim.lrr'; did you mean optim.lr")
+    assert len(lines) == 1 and lines[0].startswith(start)
     assert "Traceback" not in proc.stderr
 
 
@@ -115,3 +122,55 @@ def test_build_hands_each_config_option_to_the_loss(tmp_path, algo, key, value, 
     cfg = load_config(algo, [f"{key}={value}", f"run_dir={tmp_path}"])
     loss = get_algorithm(algo).build(cfg, env_info(cfg.env)).loss
     assert read(loss) == value
+
+
+def fields_build_reads(algo, env_name, run_dir, monkeypatch):
+    """The fields of ``cfg.algo`` that ``algo``'s ``build`` reads on ``env_name`` (those ``loss_options`` reads
+    left out), and the loss it builds."""
+    from acer_torchrl.algorithms import get_algorithm
+    from acer_torchrl.envs import env_info
+
+    algorithm = get_algorithm(algo)
+    cfg = load_config(algo, [f"env.name={env_name}", f"run_dir={run_dir}"])
+    names, reads, plain = [f.name for f in dataclasses.fields(cfg.algo)], set(), cfg.algo
+
+    class Recorded(algorithm.config_cls):
+        def __getattribute__(self, name):
+            reads.add(name)
+            return super().__getattribute__(name)
+
+    cfg.algo = Recorded(**{name: getattr(plain, name) for name in names})
+    module = sys.modules[algorithm.build.__module__]
+    options = module.loss_options
+    monkeypatch.setattr(module, "loss_options", lambda section, *args, **given: options(plain, *args, **given))
+    loss = algorithm.build(cfg, env_info(cfg.env)).loss
+    monkeypatch.undo()
+    return reads.intersection(names), loss
+
+
+@pytest.mark.parametrize("algo", sorted(REGISTRY))
+def test_every_field_of_the_section_reaches_the_loss_or_build(tmp_path, monkeypatch, algo):
+    """Each field of ``<algo>.*`` is an argument of the loss or one of ``build_reads``, and ``build`` itself reads
+    exactly ``build_reads`` (recorded during builds on a discrete and a continuous env, those the algorithm takes,
+    the reads of ``loss_options`` left out): a field nothing reads, or one ``build`` reads undeclared, fails here."""
+    from acer_torchrl.algorithms import get_algorithm, unread_fields
+
+    algorithm = get_algorithm(algo)
+    built = []
+    for name in ("CartPole-v1", "InvertedPendulum-v5"):
+        with contextlib.suppress(ConfigError):  # an action space the algorithm does not take
+            built.append(fields_build_reads(algo, name, tmp_path / name, monkeypatch))
+    assert built and set().union(*(reads for reads, _ in built)) == set(algorithm.build_reads)
+    for _, loss in built:
+        assert unread_fields(algorithm.config_cls, type(loss), algorithm.build_reads) == []
+
+
+def test_loss_options_refuses_a_field_nothing_reads():
+    from acer_torchrl.algorithms import acer, loss_options
+    from acer_torchrl.objectives.acer import ACERLoss
+    from acer_torchrl.settings.acer import ACERConfig
+
+    section = dataclasses.make_dataclass("Misspelt", [("replay_ration", float, 4.0)], bases=(ACERConfig,))()
+    with pytest.raises(ConfigError, match="Misspelt field.s. replay_ration reach nothing") as err:
+        loss_options(section, ACERLoss, acer.BUILD_READS)
+    assert "\n" not in str(err.value)

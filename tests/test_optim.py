@@ -47,6 +47,20 @@ def test_adam_step_is_the_optimizers_step_to_the_bit(weight_decay):
     assert int(ours[0]["step"]) == 8
 
 
+@pytest.mark.parametrize("missing", ["_fused_adam_", "_foreach_add_"])
+def test_a_torch_without_the_fused_kernel_takes_the_optimizers_own_step(monkeypatch, missing):
+    """``AdamStep`` calls private torch functions (``acer_torchrl/_torchrl_compat.py``, T1); without either it takes
+    ``optimizer.step()``, with the same bits."""
+    nets, optimizers = twins(lr=1e-2, fused=True)
+    monkeypatch.delattr(torch, missing)
+    step = AdamStep(optimizers[0])
+    monkeypatch.undo()  # torch.optim's own fused step calls them too
+    assert not step.direct
+    train(nets, optimizers, step, 3)
+    for a, b in zip(*(net.parameters() for net in nets)):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("options", [{"fused": False}, {"fused": True, "amsgrad": True},
                                      {"fused": True, "maximize": True}])
 def test_other_adam_settings_take_the_optimizers_own_step(options):

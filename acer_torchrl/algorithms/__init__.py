@@ -34,7 +34,9 @@ class Algorithm:
     """What the shared pipeline needs to know about one loss.
 
     ``build(cfg, env_info)`` returns the :class:`~acer_torchrl.agent.Agent` (networks, loss module, acting
-    and greedy policies). ``presets`` maps a preset name to ``{dotted.key: value}`` overrides.
+    and greedy policies). ``presets`` maps a preset name to ``{dotted.key: value}`` overrides. ``build_reads``
+    names the fields of ``config_cls`` that ``build`` reads itself (network sizes, updater periods); every other
+    field goes to the loss through :func:`loss_options`, which refuses a field that neither reaches.
     """
 
     name: str
@@ -42,6 +44,7 @@ class Algorithm:
     build: Callable[["Config", "EnvInfo"], "Agent"]
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
     default_preset: str | None = None
+    build_reads: tuple[str, ...] = ()
 
 
 def get_algorithm(name: str) -> Algorithm:
@@ -51,11 +54,27 @@ def get_algorithm(name: str) -> Algorithm:
     return module.ALGORITHM
 
 
-def loss_options(section: Any, loss_cls: type, **given: Any) -> dict[str, Any]:
+def unread_fields(section: Any, loss_cls: type, build_reads: tuple[str, ...]) -> list[str]:
+    """The fields of the config ``section`` (a dataclass or its instance) that nothing reads: neither an argument
+    of ``loss_cls``'s constructor nor named in ``build_reads``."""
+    params = inspect.signature(loss_cls.__init__).parameters
+    return [f.name for f in dataclasses.fields(section) if f.name not in params and f.name not in build_reads]
+
+
+def loss_options(section: Any, loss_cls: type, build_reads: tuple[str, ...], **given: Any) -> dict[str, Any]:
     """The keyword arguments of ``loss_cls`` that its config ``section`` (``cfg.algo``) holds, under the same
     names, with ``given`` (what ``build`` derives: networks' keys, env-dependent values) on top. A loss
     option is thus written twice, not three times: in the loss's signature (its default, for use without
-    this package) and in the config dataclass (its range and the presets); ``build`` does not list it."""
+    this package) and in the config dataclass (its range and the presets); ``build`` does not list it.
+
+    ``build_reads`` are the fields ``build`` reads itself (:attr:`Algorithm.build_reads`); a field of ``section``
+    that is neither a loss argument nor one of them raises :class:`ConfigError`, so that no setting is dropped."""
+    unread = unread_fields(section, loss_cls, build_reads)
+    if unread:
+        raise ConfigError(
+            f"{type(section).__name__} field(s) {', '.join(unread)} reach nothing: {loss_cls.__name__} takes no "
+            "argument of that name and build does not read them"
+        )
     params = inspect.signature(loss_cls.__init__).parameters
     options = {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.name in params}
     return {**options, **given}

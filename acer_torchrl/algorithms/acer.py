@@ -36,6 +36,10 @@ class SDNAdvantage(nn.Module):
         return self.out(self.mlp(torch.cat([core, action], -1)))
 
 
+# the fields of ACERConfig that build reads itself (the others go to ACERLoss)
+BUILD_READS = ("init_std", "learn_std", "sdn_hidden", "on_policy", "trust_region", "alpha")
+
+
 def build(cfg: Config, info: EnvInfo) -> Agent:
     """Networks of ``cfg.network`` on one torso: policy head + Q head (discrete) or Gaussian policy +
     V head + SDN advantage network (continuous); the loss; the acting policy; the average-policy updater."""
@@ -60,7 +64,7 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         critic,
         advantage,
         **loss_options(
-            a, ACERLoss, discrete=info.discrete, gamma=cfg.gamma, seq_len=cfg.replay.seq_len,
+            a, ACERLoss, BUILD_READS, discrete=info.discrete, gamma=cfg.gamma, seq_len=cfg.replay.seq_len,
             hidden_keys=torso.hidden_keys, on_policy=info.discrete if a.on_policy is None else a.on_policy,
         ),
     )
@@ -68,4 +72,4 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     return Agent(loss=loss, policy=acting_policy(torso, policy_head, info), torsos=[torso], updaters=updaters)
 
 
-ALGORITHM = Algorithm("acer", ACERConfig, build, PRESETS, default_preset=DEFAULT_PRESET)
+ALGORITHM = Algorithm("acer", ACERConfig, build, PRESETS, DEFAULT_PRESET, BUILD_READS)

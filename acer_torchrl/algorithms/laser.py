@@ -20,6 +20,10 @@ from acer_torchrl.objectives.updaters import target_updater
 from acer_torchrl.settings.laser import DEFAULT_PRESET, PRESETS, LASERConfig
 
 
+# the fields of LASERConfig that build reads itself (the others go to LASERLoss)
+BUILD_READS = ("init_std", "learn_std", "target_update")
+
+
 def build(cfg: Config, info: EnvInfo) -> Agent:
     """One network with a shared torso, a policy head and a value head (IMPALA's agent, sec. 5.1)."""
     net, algo = cfg.network, cfg.algo
@@ -38,7 +42,7 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     loss = LASERLoss(
         network,
         **loss_options(
-            algo, LASERLoss, discrete=info.discrete, gamma=cfg.gamma, seq_len=cfg.replay.seq_len,
+            algo, LASERLoss, BUILD_READS, discrete=info.discrete, gamma=cfg.gamma, seq_len=cfg.replay.seq_len,
             hidden_keys=torso.hidden_keys,
         ),
     )
@@ -46,4 +50,4 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     return Agent(loss=loss, policy=acting_policy(torso, head, info), torsos=[torso], updaters=updaters)
 
 
-ALGORITHM = Algorithm("laser", LASERConfig, build, PRESETS, default_preset=DEFAULT_PRESET)
+ALGORITHM = Algorithm("laser", LASERConfig, build, PRESETS, DEFAULT_PRESET, BUILD_READS)

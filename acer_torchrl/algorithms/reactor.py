@@ -179,6 +179,10 @@ def make_networks(
 # ----------------------------------------------------------------------------------------------
 
 
+# the fields of ReactorConfig that build reads itself (the others go to ReactorLoss)
+BUILD_READS = ("head_hidden", "epsilon", "behaviour", "target_update")
+
+
 def build(cfg: Config, info: EnvInfo) -> Agent:
     rc: ReactorConfig = cfg.algo
     if not info.discrete:
@@ -199,7 +203,7 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         nets.network,
         nets.q_network,
         **loss_options(
-            rc, ReactorLoss, gamma=cfg.gamma, learned_behaviour=rc.behaviour == "learned",
+            rc, ReactorLoss, BUILD_READS, gamma=cfg.gamma, learned_behaviour=rc.behaviour == "learned",
             seq_len=cfg.replay.seq_len, hidden_keys=hidden_keys,
         ),
     )
@@ -209,4 +213,4 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     return Agent(loss=loss, policy=policy, torsos=torsos, updaters=[target_updater(loss, rc.target_update)])
 
 
-ALGORITHM = Algorithm("reactor", ReactorConfig, build, PRESETS, default_preset=DEFAULT_PRESET)
+ALGORITHM = Algorithm("reactor", ReactorConfig, build, PRESETS, DEFAULT_PRESET, BUILD_READS)

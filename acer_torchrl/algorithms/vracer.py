@@ -198,6 +198,10 @@ def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float)
     return ActingPolicy(*network, stats, sampler)
 
 
+# the fields of VRACERConfig that build reads itself (the others go to VRACERLoss)
+BUILD_READS = ("epsilon", "init_std", "truncation")
+
+
 def build(cfg: Config, info: EnvInfo) -> Agent:
     """One MLP with a value, a mean and a std output (sec. 2, App. A) and the V-RACER loss."""
     if info.discrete:
@@ -216,10 +220,10 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     loss = VRACERLoss(
         network,
         encoder.standardize,
-        **loss_options(algo, VRACERLoss, gamma=cfg.gamma, n_start=cfg.replay.min_size, lr=cfg.optim.lr,
+        **loss_options(algo, VRACERLoss, BUILD_READS, gamma=cfg.gamma, n_start=cfg.replay.min_size, lr=cfg.optim.lr,
                        network_call=WrittenOutNetwork.of(encoder, head)),
     )
     return Agent(loss=loss, policy=acting_policy(torso.module, head, algo.truncation), torsos=[torso])
 
 
-ALGORITHM = Algorithm("vracer", VRACERConfig, build, PRESETS, default_preset=DEFAULT_PRESET)
+ALGORITHM = Algorithm("vracer", VRACERConfig, build, PRESETS, DEFAULT_PRESET, BUILD_READS)

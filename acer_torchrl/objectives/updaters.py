@@ -4,28 +4,42 @@ TorchRL's ``SoftUpdate`` / ``HardUpdate`` find a loss's ``target_*_params`` and 
 (kept here), but every ``step()`` walks both TensorDicts key by key: a few milliseconds a learner step on
 two CPU cores, more than the forward pass of a small network (ACER CartPole, benchmarks/results/learner.md),
 and HardUpdate does that walk on every step, not only when it copies. These subclasses take the tensors
-out once, at their first step (after the trainer moved the loss to its device), and update them together.
+out of the loss's public ``<name>_params`` and ``target_<name>_params`` once, at their first step (after the
+trainer moved the loss to its device), and update them together (``_torchrl_compat.py``, T3: a public fallback
+where torch lacks the fused call).
 """
 
 from __future__ import annotations
 
 import torch
-from torchrl.objectives import HardUpdate, SoftUpdate
+from torchrl.objectives import HardUpdate, LossModule, SoftUpdate
 
-from acer_torchrl._torchrl_compat import target_updater_params
+from acer_torchrl._torchrl_compat import foreach_copy_, foreach_lerp_
+
+
+def parameter_pairs(loss: LossModule) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``(sources, targets)``: the tensors of ``loss``'s ``<name>_params`` that have a target in its
+    ``target_<name>_params``, and those targets, in matching order. As TorchRL's ``TargetNetUpdater.init_`` pairs
+    them: a source that requires a gradient (not a buffer) and whose target is another tensor."""
+    sources, targets = [], []
+    for name, _ in loss.named_children():
+        if name.startswith("target_") and name.endswith("_params"):
+            target_params, params = getattr(loss, name), getattr(loss, name[len("target_"):])
+            for key, source in params.items(True, True):
+                target = target_params.get(key)
+                if source.requires_grad and not target.is_set_to(source.data):
+                    sources.append(source.data)
+                    targets.append(target.data)
+    return sources, targets
 
 
 class _FusedPairs:
-    """The (source, target) tensor lists of a TorchRL target updater, in matching order."""
+    """The (source, target) tensor lists of a TorchRL target updater's loss, in matching order, taken once."""
 
     def _pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         pairs = self.__dict__.get("_pairs_val")
         if pairs is None:
-            params, target_params = target_updater_params(self)
-            keys = [key if isinstance(key, tuple) else (key,) for key in params.keys(True, True)]
-            sources = [params.get(key).data for key in keys]
-            targets = [target_params.get(("target_" + key[0], *key[1:])).data for key in keys]  # TorchRL's pairing
-            pairs = self.__dict__["_pairs_val"] = (sources, targets)
+            pairs = self.__dict__["_pairs_val"] = parameter_pairs(self.loss_module)
         return pairs
 
 
@@ -36,7 +50,7 @@ class FusedSoftUpdate(_FusedPairs, SoftUpdate):
     @torch.no_grad()
     def step(self) -> None:
         sources, targets = self._pairs()
-        torch._foreach_lerp_(targets, sources, 1.0 - self.eps)
+        foreach_lerp_(targets, sources, 1.0 - self.eps)
 
 
 class FusedHardUpdate(_FusedPairs, HardUpdate):
@@ -47,7 +61,7 @@ class FusedHardUpdate(_FusedPairs, HardUpdate):
     def step(self) -> None:
         if self.counter == self.value_network_update_interval:
             sources, targets = self._pairs()
-            torch._foreach_copy_(targets, sources)
+            foreach_copy_(targets, sources)
             self.counter = 0
         else:
             self.counter += 1
