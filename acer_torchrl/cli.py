@@ -68,6 +68,11 @@ def run_from_command_line(recipe: str, argv: list[str], stops: StopSignals) -> i
     except (*USER_ERRORS, TrainingError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if summary.get("already_finished"):
+        print(f"{summary['run_dir']} already finished at {summary['env_steps']} env steps (total_frames="
+              f"{summary['total_frames']}); nothing was changed. To train it further: python recipes/{recipe}.py "
+              f"resume={summary['run_dir']} total_frames=<more than {summary['env_steps']}>")
+        return 0
     print(
         f"{summary['algorithm']} on {summary['env']}: {summary['env_steps']} env steps, final score "
         f"{summary['eval_return_mean']:.1f} (mean greedy return of the {summary['final_score_evaluations']} "

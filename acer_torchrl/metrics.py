@@ -80,6 +80,15 @@ def make_loggers(run_dir: Path, tensorboard: bool = False, wandb: bool = False) 
     return loggers
 
 
+def _number(text: str) -> int | float:
+    """A metrics.csv cell as it was logged: ``2560`` an int (step and update counts), ``0.5`` a float, so that a
+    resumed run rewrites the older rows as they were."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
 class MetricsLog:
     """The run's metric rows in ``metrics.csv``, each also handed to ``loggers`` (:func:`make_loggers`)."""
 
@@ -94,7 +103,7 @@ class MetricsLog:
         ``up_to_env_steps``) are dropped: the resumed run logs those steps again."""
         if self.path.is_file():
             with self.path.open() as f:
-                rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+                rows = [{k: _number(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
             self.rows = [r for r in rows if r["env_steps"] <= up_to_env_steps]
 
     def row(self, env_steps: int, updates: int, wall_time_s: float, metrics: dict[str, float]) -> None:

@@ -331,7 +331,12 @@ class Trainer:
     def train(self) -> dict:
         """The whole run (or what is left of it): :meth:`start`, :meth:`step` on every batch, :meth:`finish`.
         With ``stop_signals`` (the command line), SIGINT / SIGTERM end it with :meth:`interrupted`: at once during
-        start-up or while waiting for a batch, after the batch in hand, or once the final evaluation is done."""
+        start-up or while waiting for a batch, after the batch in hand, or once the final evaluation is done.
+        A resumed run that had already finished returns its summary untouched, marked ``already_finished``."""
+        if self.cfg.resume and self.counters.env_steps >= self.cfg.total_frames and (self.run_dir / "summary.json").is_file():
+            self.close()
+            return {**json.loads((self.run_dir / "summary.json").read_text()), "already_finished": True,
+                    "total_frames": self.cfg.total_frames}
         try:
             with self.holding_requeue():
                 for batch in self.start():

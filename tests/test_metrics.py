@@ -202,3 +202,17 @@ def test_a_logger_without_its_package_is_a_one_line_config_error(key, monkeypatc
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == key else find_spec(name, *a))
     with pytest.raises(ConfigError, match=rf"^log\.{key}=true needs the {key} package: pip install 'acer-torchrl\[{key}\]'$"):
         load_config("acer", [f"log.{key}=true"])
+
+
+def test_a_resumed_log_rewrites_its_older_rows_as_they_were(tmp_path):
+    """Counts stay ints (``2560``, not ``2560.0``) when a resumed run rewrites the rows before its checkpoint."""
+    from acer_torchrl.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path, [])
+    log.row(2560, 40, 12.5, {"loss_critic": 0.25, "eval_return_mean": 9.0})
+    log.row(5120, 80, 25.125, {"loss_critic": 0.125})
+    before = (tmp_path / "metrics.csv").read_text()
+    resumed = MetricsLog(tmp_path, [])
+    resumed.load_existing(5120)
+    resumed.write(list(resumed.rows[0]))
+    assert (tmp_path / "metrics.csv").read_text() == before and "2560," in before

@@ -402,3 +402,15 @@ def test_slurm_preemption_signal_waits_for_the_batch_in_hand(monkeypatch):
         assert signal.getsignal(signal.SIGUSR2) is submitit_handler
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+def test_resuming_a_finished_run_changes_nothing_and_says_how_to_go_on(tmp_path, probe_registered, capsys):
+    from acer_torchrl.cli import main
+
+    run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
+    files = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file() and p.name != "run.lock"}
+    assert main("probe", [f"resume={tmp_path}"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == (f"{tmp_path} already finished at 64 env steps (total_frames=64); nothing was changed. To train it "
+                       f"further: python recipes/probe.py resume={tmp_path} total_frames=<more than 64>")
+    assert {p: p.stat().st_mtime_ns for p in files} == files
