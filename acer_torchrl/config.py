@@ -341,7 +341,7 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
         requested = {"loss": given.get("loss", recipe), "preset": given.get("preset")}
         for key, value in requested.items():
             if value is not None and value != getattr(cfg, key):
-                raise _run_defining_change(cfg, key, getattr(cfg, key), value)
+                raise _run_defining_change(given["resume"], key, getattr(cfg, key), value)
         for key, value in pairs:
             if key not in requested:
                 set_key(cfg, key, value)
@@ -349,7 +349,7 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
         cfg.validate()
         for key, (before, now) in resume_changes(cfg).items():
             if is_run_defining(cfg, key):
-                raise _run_defining_change(cfg, key, before, now)
+                raise _run_defining_change(given["resume"], key, before, now)
         return cfg
 
     loss = given.get("loss", recipe or "acer")
@@ -382,9 +382,13 @@ def is_run_defining(cfg: Config, key: str) -> bool:
     return key in RUN_DEFINING_KEYS or key.startswith((*RUN_DEFINING_SECTIONS, f"{cfg.loss}."))
 
 
-def _run_defining_change(cfg: Config, key: str, before: Any, now: Any) -> ConfigError:
+def _run_defining_change(run_dir: str, key: str, before: Any, now: Any) -> ConfigError:
+    """The one line refusing a resume of ``run_dir`` that would change its ``key`` from ``before`` to ``now``."""
+    if key == "loss":  # e.g. recipes/laser.py resume=<an ACER run>
+        return ConfigError(f"resume={run_dir} is a {before} run, not {now}: continue it with python recipes/{before}.py "
+                           f"resume={run_dir}")
     return ConfigError(
-        f"resume={cfg.resume}: {key}={now} differs from the run's {key}={before}; a resumed run keeps its env, loss "
+        f"resume={run_dir}: {key}={now} differs from the run's {key}={before}; a resumed run keeps its env, loss "
         "and network settings (start a new run with run_dir=<new dir> to change them)"
     )
 

@@ -351,11 +351,12 @@ def test_resume_refuses_run_defining_changes_and_records_the_others(tmp_path, pr
         ("env.name=Acrobot-v1", "env.name=Acrobot-v1 differs"),
         ("network.hidden=32", "network.hidden=[32] differs from the run's network.hidden=[16]"),
         ("probe.online_steps=2", "probe.online_steps=2 differs from the run's probe.online_steps=1"),
-        ("loss=acer", "loss=acer differs from the run's loss=probe"),
+        ("loss=acer", f"resume={tmp_path} is a probe run, not acer: continue it with python recipes/probe.py resume={tmp_path}"),
     ):
         with pytest.raises(ConfigError, match=re.escape(fragment)) as err:
             run("probe", [f"resume={tmp_path}", change])
         assert "\n" not in str(err.value) and (tmp_path / "config.yaml").read_text() == config
+        assert str(err.value).startswith(f"resume={tmp_path}")  # the run's directory, not "resume=None"
     run("probe", [f"resume={tmp_path}", "total_frames=128", "eval.episodes=2"])
     (record,) = [json.loads(line) for line in (tmp_path / "resumes.jsonl").read_text().splitlines()]
     assert record["changed"] == {"total_frames": {"from": 64, "to": 128}, "eval.episodes": {"from": 1, "to": 2}}
