@@ -368,7 +368,27 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
         if key not in ("loss", "preset"):
             set_key(cfg, key, value)
     cfg.validate()
+    if preset is not None:
+        _check_preset_fits_env(cfg, algorithm.presets)
     return cfg
+
+
+def _check_preset_fits_env(cfg: Config, presets: dict[str, dict]) -> None:
+    """A one-line :class:`ConfigError` when ``env.name`` observes another kind of thing (vectors, Atari pixels,
+    MinAtar grids) than the env its preset was made for (e.g. ``preset=cartpole env.name=ALE/Pong-v5``: an MLP on
+    raw frames)."""
+    from acer_torchrl.envs import observation_kind
+
+    made_for = presets[cfg.preset].get("env.name")
+    if made_for is None or observation_kind(made_for) == observation_kind(cfg.env.name):
+        return
+    kind = observation_kind(cfg.env.name)
+    fitting = [name for name, p in presets.items() if "env.name" in p and observation_kind(p["env.name"]) == kind]
+    raise ConfigError(
+        f"preset={cfg.preset} is made for {observation_kind(made_for)} observations ({made_for}), but "
+        f"env.name={cfg.env.name} gives {kind} observations; choose a preset made for them: "
+        f"{', '.join(f'preset={n}' for n in fitting) or 'none of this algorithm has one'}"
+    )
 
 
 # what the checkpoint's networks, optimiser state and replay were made for: a resumed run keeps them

@@ -125,6 +125,15 @@ def env_family(name: str) -> str:
     raise ValueError(f"unknown env.name {name!r}: supported families are {FAMILIES}")
 
 
+OBSERVATION_KINDS = {"classic": "vector", "mujoco": "vector", "atari": "pixel", "minatar": "grid"}
+
+
+def observation_kind(name: str) -> str:
+    """What env ``name`` observes: ``"vector"`` (classic control, MuJoCo), ``"pixel"`` (Atari frame stacks) or
+    ``"grid"`` (MinAtar); a preset's networks and replay fit one kind."""
+    return OBSERVATION_KINDS[env_family(name)]
+
+
 def _validate(cfg: EnvConfig) -> None:
     check_allowed(cfg, "env.")
     if cfg.pomdp and cfg.name != "CartPole-v1":

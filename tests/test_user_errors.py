@@ -92,6 +92,12 @@ MORE_CASES = [
     ("resume: unknown key in config.yaml", lambda t: [f"resume={saved_config(t, 'optim: {lrr: 1}')}"],
      "config.yaml: unknown config key 'optim.lrr'; did you mean optim.lr"),
     ("resume: not a mapping", lambda t: [f"resume={saved_config(t, '- 1')}"], "holds no run configuration"),
+    # a preset made for other observations: an MLP on Atari frames, a Nature CNN on CartPole's 4 numbers
+    ("vector preset, Atari env", ["preset=cartpole", "env.name=ALE/Pong-v5"],
+     "preset=cartpole is made for vector observations (CartPole-v1), but env.name=ALE/Pong-v5 gives pixel "
+     "observations; choose a preset made for them: preset=atari, preset=atari_gpu"),
+    ("Atari preset, vector env", ["preset=atari", "env.name=CartPole-v1"], "preset=atari is made for pixel"),
+    ("vector preset, MinAtar env", ["preset=cartpole", "env.name=MinAtar/Breakout-v1"], "preset=minatar"),
 ]
 
 
@@ -145,10 +151,11 @@ def test_replay_too_large_for_the_memory_is_refused_before_it_is_allocated(monke
 
 
 @pytest.mark.parametrize("algo, presets, key", [
-    ("acer", "cartpole, atari, minatar, mujoco, pendulum (default cartpole)", "acer.replay_ratio=4.0"),
-    ("reactor", "cartpole, cartpole_pomdp, atari, minatar (default cartpole)", "reactor.pg=beta_loo"),
+    ("acer", "cartpole, atari, atari_gpu, minatar, mujoco, pendulum (default cartpole)", "acer.replay_ratio=4.0"),
+    ("reactor", "cartpole, cartpole_pomdp, atari, atari_gpu, minatar (default cartpole)", "reactor.pg=beta_loo"),
     ("vracer", "mujoco, pendulum (default pendulum)", "vracer.D=0.1"),
-    ("laser", "cartpole, cartpole_pomdp, atari, minatar, mujoco (default cartpole)", "laser.online_share=0.125"),
+    ("laser", "cartpole, cartpole_pomdp, atari, atari_gpu, minatar, mujoco (default cartpole)",
+     "laser.online_share=0.125"),
 ])
 def test_help_lists_presets_and_keys_without_importing_torch(tmp_path, algo, presets, key):
     code = (f"import sys; sys.argv = ['recipes/{algo}.py', '--help']; import runpy; "
