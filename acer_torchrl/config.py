@@ -94,7 +94,10 @@ class LogConfig:
                 )
 
 
-@allowed(seed="[0, 1e9]", total_frames="[1, inf)", gamma="(0, 1]", threads="[0, 1024]")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
+
+
+@allowed(seed="[0, 1e9]", total_frames="[1, inf)", gamma="(0, 1]", threads="[0, 1024]", compile_mode=COMPILE_MODES)
 @dataclass
 class Config:
     loss: str = "acer"  # the algorithm: one of the registry (acer_torchrl/algorithms/__init__.py)
@@ -106,6 +109,12 @@ class Config:
     # the learner's torch intra-op threads; 0: the cores the collector workers leave free (at least 1).
     # More threads than free cores make every op wait for a core (~0.5 ms each, measured).
     threads: int = 0
+    # torch.compile the learner's feed-forward networks (torso and heads, forward and backward; the loss's own
+    # arithmetic stays eager): the same numbers; the first updates wait for the compilation (~30-60 s on a CPU). For a
+    # CUDA learner: on a CPU it was slower (benchmarks/results/compile.md)
+    compile: bool = False
+    # torch.compile's mode (compile=true): reduce-overhead also records CUDA graphs (a CUDA learner only)
+    compile_mode: str = "default"
     run_dir: str | None = None  # where the run writes (None: runs/<loss>-<env>-s<seed>-<time>)
     resume: str | None = None  # a run directory to continue from its latest checkpoint
     overwrite: bool = False  # run_dir= may hold a finished run (summary.json, checkpoint): replace its files
@@ -132,6 +141,7 @@ class Config:
             check_allowed(section, prefix)
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:<index>, got {self.device!r}")
+        self.validate_compile()
         if self.replay.min_size > self.replay.capacity:
             raise ConfigError(
                 f"replay.min_size={self.replay.min_size} exceeds replay.capacity={self.replay.capacity}: "
@@ -159,6 +169,18 @@ class Config:
         for _, section in self.sections()[1:]:
             if hasattr(section, "validate"):
                 section.validate(self)
+
+
+    def validate_compile(self) -> None:
+        """``compile_mode`` only with ``compile=true``; CUDA graphs only on a CUDA learner; no LSTM core."""
+        if self.compile_mode != "default" and not self.compile:
+            raise ConfigError(f"compile_mode={self.compile_mode} applies to compiled networks; add compile=true")
+        if self.compile_mode == "reduce-overhead" and self.device == "cpu":
+            raise ConfigError("compile_mode=reduce-overhead records CUDA graphs, which need device=cuda; "
+                              "on device=cpu use compile_mode=default")
+        if self.compile and self.network.lstm:
+            raise ConfigError("compile=true compiles feed-forward networks only (an LSTM core's TensorDict calls "
+                              "break the graph at every segment); drop compile=true or network.lstm=true")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -80,6 +80,14 @@ class ReplayLoss(LossModule):
         """Multiplier of ``optim.lr`` for the next optimiser step (annealing, e.g. ReF-ER eq. 13)."""
         return 1.0
 
+    def compile_networks(self, **options) -> None:
+        """``torch.compile`` the network calls of this loss (its :class:`NetworkCall` attributes; ``options``: the
+        keywords of ``torch.compile``). The loss's own arithmetic stays eager: its bootstrap rows, boolean indexing
+        and ``.any()`` branches are data-dependent Python, where a compiled graph would break."""
+        for call in vars(self).values():
+            if isinstance(call, NetworkCall):
+                call.compile(**options)
+
 
 class TensorCall:
     """A network of plain ``TensorDictModule`` objects (in a ``TensorDictSequential``, nested or not) called on tensors:
@@ -134,14 +142,25 @@ class NetworkCall:
     tensors, returning its outputs by key: through :class:`TensorCall` on tensors when every module of it is a
     plain ``TensorDictModule`` (a dict of tensors, inputs included), else as TensorDict calls on a new TensorDict
     of the networks' ``in_keys`` (with an LSTM core's ``("next", state)`` outputs). A dict input of the latter
-    goes in as a TensorDict of its first dimension."""
+    goes in as a TensorDict of its first dimension. After :meth:`compile`, the tensor chain runs compiled."""
 
     def __init__(self, *networks: TensorDictModuleBase):
         self.networks = networks
         self.tensors = TensorCall.of(*networks)
         self.in_keys = list(dict.fromkeys(k for network in networks for k in network.in_keys))
+        self._compiled: Callable | None = None
+
+    def compile(self, **options) -> None:
+        """Run the tensor chain through ``torch.compile(..., **options)`` from the next call on (no change for a
+        network called on TensorDicts: an LSTM core's TensorDict plumbing breaks the graph at every segment). Its
+        parameters are the compiled graph's inputs, so a functional loss's ``params.to_module(network)`` applies as
+        before, without recompiling."""
+        if self.tensors is not None:
+            self._compiled = torch.compile(self.tensors, **options)
 
     def __call__(self, inputs: TensorDictBase | Mapping[NestedKey, torch.Tensor]) -> Mapping:
+        if self._compiled is not None:
+            return self._compiled(steps_dynamic({k: inputs.get(k) for k in self.tensors.in_keys}))
         if self.tensors is not None:
             return self.tensors.on(inputs)
         if not isinstance(inputs, TensorDictBase):
@@ -150,6 +169,15 @@ class NetworkCall:
         for network in self.networks:
             out = network(out)
         return out
+
+
+def steps_dynamic(tensors: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
+    """``tensors``, their first dimension marked dynamic for ``torch.compile``: the number of steps a network sees
+    changes from batch to batch (the bootstrap rows appended, an on-policy batch's windows), and a graph compiled for
+    one count would be compiled again for the next (the leading dimension only: a graph for any frame size is slower)."""
+    for value in tensors.values():
+        torch._dynamo.maybe_mark_dynamic(value, 0)
+    return tensors
 
 
 def policy_keys(discrete: bool) -> list[str]:
