@@ -66,7 +66,7 @@ def run_from_command_line(recipe: str, argv: list[str], stops: StopSignals) -> i
     try:
         summary = run(recipe, argv, stop_signals=stops)
     except (*USER_ERRORS, TrainingError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {capped(str(err))}", file=sys.stderr)
         return 2
     if summary.get("already_finished"):
         print(f"{summary['run_dir']} already finished at {summary['env_steps']} env steps (total_frames="
@@ -82,6 +82,11 @@ def run_from_command_line(recipe: str, argv: list[str], stops: StopSignals) -> i
     )
     warn_if_diverged(summary)
     return 0
+
+
+def capped(line: str, most: int = 600) -> str:
+    """``line`` cut to ``most`` characters (a value echoed in an error can be anything a user typed or a file held)."""
+    return line if len(line) <= most else f"{line[: most - 30]}... ({len(line)} characters in all)"
 
 
 def warn_if_diverged(summary: dict) -> None:

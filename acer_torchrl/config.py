@@ -10,7 +10,9 @@ unknown preset) raises :class:`ConfigError` with one line naming the key and the
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import importlib.util
 import re
 import types
@@ -455,12 +457,40 @@ def resume_changes(cfg: Config) -> dict[str, tuple[Any, Any]]:
     return {k: (before.get(k), v) for k, v in now.items() if k not in RESUME_BOOKKEEPING and before.get(k) != v}
 
 
+MAX_CONFIG_BYTES = 64 * 1024  # a run's config.yaml holds ~100 keys in a few KB
+
+
+class _NotARunsYaml(ValueError):
+    """A file no run wrote: too large, or with YAML aliases (``dump_yaml`` writes neither)."""
+
+
+def _file_stamp(path: Path) -> tuple[int, int]:
+    """``(size, mtime_ns)`` of ``path``: what :func:`_read_yaml`'s cache is keyed by beside the path."""
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=4)
+def _read_yaml(path: str, size: int, _mtime_ns: int) -> Any:
+    """The YAML document in ``path``, read once per version of the file (a resume reads its config.yaml for the
+    run and again for what it changes). Refused before parsing when larger than :data:`MAX_CONFIG_BYTES`, and
+    when it holds an alias (``*name``): an alias bomb expands to gigabytes in an error message."""
+    if size > MAX_CONFIG_BYTES:
+        raise _NotARunsYaml(f"holds {size} bytes, more than a run's config.yaml ever does ({MAX_CONFIG_BYTES})")
+    text = Path(path).read_text()
+    if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text)):
+        raise _NotARunsYaml("uses YAML aliases (*name), which no run writes")
+    return yaml.safe_load(text)
+
+
 def _saved_config(path: Path, resume: str) -> Config:
     """The config saved in ``path`` (a run's ``config.yaml``); a one-line :class:`ConfigError` when that file
     is unreadable, empty, not YAML or not a run's configuration."""
     fix = "restore that file, or start a new run with run_dir=<new dir>"
     try:
-        data = yaml.safe_load(path.read_text())
+        data = copy.deepcopy(_read_yaml(str(path), *_file_stamp(path)))
+    except _NotARunsYaml as err:
+        raise ConfigError(f"resume={resume}: {path} {err}; {fix}") from None
     except yaml.MarkedYAMLError as err:
         where = err.problem_mark or err.context_mark
         line = f" at line {where.line + 1}" if where is not None else ""

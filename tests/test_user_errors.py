@@ -57,6 +57,11 @@ def saved_config(tmp_path: Path, text: str) -> Path:
 
 
 # the cases of issue 24, each a recipe process:
+# 10 levels of 9 aliases: 9^10 strings once expanded (a 3.85 MB error line before aliases were refused)
+BOMB = "env:\n  name: &l0 [a, a, a, a, a, a, a, a, a]\n" + "".join(
+    f"x{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10)
+)
+
 # (case, its overrides or how to make them in tmp_path, what the line says)
 CASES = [
     ("eval.interval=0", ["eval.interval=0"], "eval.interval must be >= 1, got 0; e.g. eval.interval="),
@@ -92,6 +97,11 @@ MORE_CASES = [
     ("resume: unknown key in config.yaml", lambda t: [f"resume={saved_config(t, 'optim: {lrr: 1}')}"],
      "config.yaml: unknown config key 'optim.lrr'; did you mean optim.lr"),
     ("resume: not a mapping", lambda t: [f"resume={saved_config(t, '- 1')}"], "holds no run configuration"),
+    # a value typed (or pasted) by mistake is echoed, cut: one line of at most 600 characters
+    ("a 5 000-character value", ["env.name=" + "x" * 5_000], "characters in all)"),
+    ("resume: an alias bomb", lambda t: [f"resume={saved_config(t, BOMB)}"], "uses YAML aliases (*name), which no run"),
+    ("resume: a huge config.yaml", lambda t: [f"resume={saved_config(t, 'seed: 1  ' + '#' * 70_000)}"],
+     "holds 70009 bytes, more than a run's config.yaml ever does (65536)"),
     # a preset made for other observations: an MLP on Atari frames, a Nature CNN on CartPole's 4 numbers
     ("vector preset, Atari env", ["preset=cartpole", "env.name=ALE/Pong-v5"],
      "preset=cartpole is made for vector observations (CartPole-v1), but env.name=ALE/Pong-v5 gives pixel "
@@ -130,6 +140,7 @@ def test_more_bad_input_ends_with_one_line(tmp_path, capsys, monkeypatch, overri
     code = cli.main("acer", args)
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
+    assert len(lines[0]) <= len("error: ") + 600
     run = tmp_path / "run"
     assert sorted(tmp_path.rglob("*")) in (before, [*before, run], [*before, run, run / LOCK_FILE]), \
         "at most the run dir, empty but for its lock file"
