@@ -79,7 +79,8 @@ def main() -> None:
     torch.set_num_threads(1)
     for layout in args.layouts:
         scratch = tempfile.mkdtemp(prefix="replay-draw-") if layout.startswith("memmap") else None
-        replay = EpisodeReplay(args.steps, scratch_dir=scratch, frame_stack=4 if layout == "frames" else 1)
+        # frame_stack only where asked for: the same command times the code before frame stores (PYTHONPATH=...)
+        replay = EpisodeReplay(args.steps, scratch_dir=scratch, **({"frame_stack": 4} if layout == "frames" else {}))
         start = time.perf_counter()
         for batch in atari_batches(args.steps):
             replay.extend(batch)
