@@ -44,13 +44,15 @@ STATE_FLOATS = 4 * 1_690_000  # the Atari preset's state.pt: 4 copies of a 1.69 
 
 def atari_batch(first: int, n_envs: int, T: int, frames: torch.Tensor) -> TensorDict:
     """Steps ``first .. first + T - 1`` of ``n_envs`` envs, as the Atari preset's collector yields them
-    (``[n_envs, T]``); episodes of :data:`EPISODE` steps, a new trajectory id each. Observations are drawn
-    from ``frames`` (random bytes: the disk sees no difference)."""
+    (``[n_envs, T]``); episodes of :data:`EPISODE` steps, a new trajectory id each. Observations are stacks of
+    4 consecutive ``frames`` (single frames of random bytes: the disk sees no difference), each step's next
+    stack its own shifted by one frame, as ale-py's are."""
     step = first + torch.arange(T)
     step_count = (step % EPISODE).expand(n_envs, T).unsqueeze(-1)
     traj = torch.arange(n_envs).unsqueeze(-1) + n_envs * (step // EPISODE)
     done = step_count == EPISODE - 1
-    obs = frames[step % frames.shape[0]].expand(n_envs, T, *frames.shape[1:])
+    stacks = lambda at: frames[(at.unsqueeze(-1) + torch.arange(4)) % frames.shape[0]]  # noqa: E731
+    obs = stacks(step).expand(n_envs, T, 4, *frames.shape[1:])
     shape = (n_envs, T)
     return TensorDict(
         {
@@ -65,7 +67,7 @@ def atari_batch(first: int, n_envs: int, T: int, frames: torch.Tensor) -> Tensor
             ("collector", "traj_ids"): traj,
             ("behaviour", "logits"): torch.randn(*shape, 6),
             ("behaviour", "log_prob"): torch.randn(shape),
-            ("next", "observation"): frames[(step + 1) % frames.shape[0]].expand(n_envs, T, *frames.shape[1:]),
+            ("next", "observation"): stacks(step + 1).expand(n_envs, T, 4, *frames.shape[1:]),
             ("next", "is_init"): torch.zeros(*shape, 1, dtype=torch.bool),
             ("next", "step_count"): step_count + 1,
             ("next", "episode_reward"): torch.zeros(*shape, 1),
@@ -78,10 +80,10 @@ def atari_batch(first: int, n_envs: int, T: int, frames: torch.Tensor) -> Tensor
     )
 
 
-def filled_replay(steps: int, scratch_dir: Path | None, n_envs: int = 2, T: int = 500) -> EpisodeReplay:
+def filled_replay(steps: int, scratch_dir: Path | None, layout: dict, n_envs: int = 2, T: int = 500) -> EpisodeReplay:
     """An ``EpisodeReplay`` of ``steps`` slots holding ``steps`` synthetic Atari steps (:func:`atari_batch`)."""
-    rb = EpisodeReplay(steps, scratch_dir=scratch_dir, seed=0)
-    frames = torch.randint(0, 256, (997, 4, 84, 84), dtype=torch.uint8)
+    rb = EpisodeReplay(steps, scratch_dir=scratch_dir, seed=0, **layout)
+    frames = torch.randint(0, 256, (997, 84, 84), dtype=torch.uint8)
     for first in range(0, steps // n_envs, T):
         rb.extend(atari_batch(first, n_envs, min(T, steps // n_envs - first), frames))
     return rb
@@ -168,11 +170,14 @@ def main() -> None:
     parser.add_argument("--memmap", action="store_true", help="the replay on LazyMemmapStorage (the Atari preset's)")
     parser.add_argument("--dir", default=None, help="where the run directory goes (default: the system's temp dir)")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--frames-once", action="store_true",
+                        help="each frame stored once (frame_stack=4, the Atari presets' replay since the frame store)")
     args = parser.parse_args()
+    layout = {"frame_stack": 4} if args.frames_once else {}  # none: the same command on the code before
     work = Path(tempfile.mkdtemp(prefix="checkpoint-speed-", dir=args.dir))
     try:
         start = time.perf_counter()
-        rb = filled_replay(args.steps, work / "scratch" if args.memmap else None)
+        rb = filled_replay(args.steps, work / "scratch" if args.memmap else None, layout)
         where = "memmap" if args.memmap else "in RAM"
         print(f"filled {args.steps} steps ({where}) in {time.perf_counter() - start:.1f} s")
         state = {"loss": {f"copy{i}": torch.randn(STATE_FLOATS // 4) for i in range(4)}}
@@ -189,7 +194,7 @@ def main() -> None:
             disk = disk_reference(work, size)
             print(f"  the disk then: {disk:.0f} MB/s (as many bytes of zeros, written and fsynced)")
         evict(run_dir / "checkpoint")
-        other = EpisodeReplay(args.steps, scratch_dir=work / "scratch2" if args.memmap else None, seed=1)
+        other = EpisodeReplay(args.steps, scratch_dir=work / "scratch2" if args.memmap else None, seed=1, **layout)
         with PhaseTimer().wrapped() as timer:
             start = time.perf_counter()
             load_checkpoint(run_dir, other)
