@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import sys
 import warnings
 
@@ -38,7 +39,7 @@ def help_text(recipe: str) -> str:
     return (
         f"usage: python recipes/{recipe}.py [preset=NAME] [key=value ...]\n"
         f"presets: {', '.join(settings.PRESETS)} (default {default})\n"
-        f"keys, with their values under preset={default} (README.md explains them):\n{keys}"
+        f"keys, with their values under preset={default} (docs/config.md explains each, README.md the ideas):\n{keys}"
     )
 
 
@@ -57,11 +58,13 @@ def main(recipe: str, argv: list[str] | None = None) -> int:
 
 def run_from_command_line(recipe: str, argv: list[str], stops: StopSignals) -> int:
     """:func:`main`'s run, its signals handled by ``stops``: the exit code."""
-    if argv and argv[0] in ("-h", "--help"):
+    if any(arg in ("-h", "--help") for arg in argv):
         print(help_text(recipe))
         return 0
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    from acer_torchrl.trainer import TrainingError
+    from acer_torchrl.trainer import TrainingError  # imports torchrl, which sets its logger to INFO
+
+    logging.getLogger("torchrl").setLevel(logging.WARNING)  # its INFO lines (storage sizes) in every run
 
     try:
         summary = run(recipe, argv, stop_signals=stops)

@@ -137,10 +137,20 @@ class Config:
             (f"{self.loss}.", self.algo)
         ]
 
+    def preset_values(self) -> tuple[str, dict[str, Any]] | None:
+        """``(name, its key: value dict)`` of the run's preset, None without one (what an error's example shows)."""
+        from acer_torchrl.algorithms import REGISTRY, get_algorithm
+
+        if self.preset is None or self.loss not in REGISTRY:
+            return None
+        presets = get_algorithm(self.loss).presets
+        return (self.preset, presets[self.preset]) if self.preset in presets else None
+
     def validate(self) -> None:
         """Every declared range (:func:`~acer_torchrl.validation.allowed`), then the checks across fields."""
+        preset = self.preset_values()
         for prefix, section in self.sections():
-            check_allowed(section, prefix)
+            check_allowed(section, prefix, preset)
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:<index>, got {self.device!r}")
         self.validate_compile()
@@ -311,8 +321,15 @@ def _unknown_key_message(cfg: Config, key: str) -> str:
 
     valid = _valid_keys(cfg) + [f"{cfg.loss}.{k}" for k in _valid_keys(cfg.algo)]
     close = difflib.get_close_matches(key, valid, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else f"; valid keys: {', '.join(sorted(valid))}"
-    return f"unknown config key '{key}'{hint}"
+    if close:
+        return f"unknown config key '{key}'; did you mean {', '.join(close)}?"
+    section = key.split(".")[0] + "."
+    in_section = sorted(k for k in valid if k.startswith(section))
+    if "." in key and in_section:  # a section's keys, not all ~60 of them
+        return f"unknown config key '{key}'; the keys of {section[:-1]} are {', '.join(in_section)}"
+    sections = sorted({k.split(".")[0] for k in valid if "." in k})
+    return (f"unknown config key '{key}'; the sections are {', '.join(sections)} (--help lists every key, "
+            "docs/config.md explains them)")
 
 
 def override_key(item: str) -> str:

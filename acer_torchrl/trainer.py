@@ -518,8 +518,10 @@ class Trainer:
 
     def make_collector(self, remaining: int):
         """This run's collector for ``remaining`` steps: ``collector.workers`` processes (in-process when 0),
-        or the job's collector ranks on other nodes when it has them (``remote``)."""
+        or the job's collector ranks on other nodes when it has them (``remote``). ``remaining`` is rounded up to
+        whole batches, as TorchRL would round it (with a warning in every run)."""
         cfg, c = self.cfg, self.counters
+        remaining = math.ceil(remaining / cfg.collector.frames_per_batch) * cfg.collector.frames_per_batch
         workers = self.remote.ranks if self.remote else cfg.collector.workers
         env_fns = [
             make_env_fn(cfg.env, seed=cfg.seed + 1_000 * (i + 1) + 97 * c.restarts, extra_transforms=self.agent.env_transforms)

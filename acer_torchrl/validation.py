@@ -86,8 +86,10 @@ def allowed(**specs: str | tuple[str, ...]) -> Callable[[type], type]:
     return decorate
 
 
-def check_allowed(obj: Any, prefix: str = "") -> None:
-    """Raise :class:`ConfigError` for the first field of ``obj`` outside its declared range."""
+def check_allowed(obj: Any, prefix: str = "", preset: tuple[str, dict[str, Any]] | None = None) -> None:
+    """Raise :class:`ConfigError` for the first field of ``obj`` outside its declared range. The valid value it
+    suggests is the preset's (``preset``: its name and its ``key: value`` dict) where the preset sets the key,
+    else the field's default."""
     for name, rule in getattr(type(obj), "__allowed__", {}).items():
         value = getattr(obj, name)
         entries = value if isinstance(value, list) else [value]
@@ -96,8 +98,12 @@ def check_allowed(obj: Any, prefix: str = "") -> None:
         key, default = prefix + name, _default(obj, name)
         what = f"{key} entries" if isinstance(value, list) else key
         unset = " or none" if default is None else ""
-        example = f"e.g. {key}={_show(default)} (the default)"
-        raise ConfigError(f"{what} must be {rule}{unset}, got {_show(value)}; {example}")
+        infinite = any(isinstance(v, float) and math.isinf(v) for v in entries) and isinstance(rule, Interval)
+        if preset is not None and key in preset[1]:
+            example = f"e.g. {key}={_show(preset[1][key])} (preset={preset[0]}'s value)"
+        else:
+            example = f"e.g. {key}={_show(default)} (the default)"
+        raise ConfigError(f"{what} must be {'finite and ' if infinite else ''}{rule}{unset}, got {_show(value)}; {example}")
 
 
 def _default(obj: Any, name: str) -> Any:

@@ -211,13 +211,19 @@ def _cell(value) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+def recipe_name(given: str) -> str:
+    """``acer`` for ``acer``, ``recipes/acer.py`` or ``acer.py``."""
+    return Path(given).stem if given.endswith(".py") else given
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python slurm/submit.py",
         description="Submit a recipe run (or a sweep of them) through submitit. "
         "`python slurm/submit.py tabulate SWEEP_DIR` prints a sweep's results.",
     )
-    parser.add_argument("recipe", choices=sorted([*REGISTRY, SHARED_REPLAY_SWEEP]))
+    # a recipe's name, or its path as the local commands give it (recipes/acer.py)
+    parser.add_argument("recipe", choices=sorted([*REGISTRY, SHARED_REPLAY_SWEEP]), type=recipe_name)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides, e.g. preset=cartpole seed=1")
     parser.add_argument("--partition", help="SLURM partition (default: the cluster's default)")
     parser.add_argument("--time", type=int, default=240, help="time limit per job in minutes (default 240)")

@@ -66,7 +66,8 @@ BOMB = "env:\n  name: &l0 [a, a, a, a, a, a, a, a, a]\n" + "".join(
 CASES = [
     ("eval.interval=0", ["eval.interval=0"], "eval.interval must be >= 1, got 0; e.g. eval.interval="),
     ("eval.episodes=0", ["eval.episodes=0"], "eval.episodes must be >= 1, got 0; e.g. eval.episodes="),
-    ("optim.lr=-1", ["optim.lr=-1"], "optim.lr must be > 0, got -1.0; e.g. optim.lr=0.001"),
+    # the example is the preset's value (cartpole: 5e-4), not the dataclass default (1e-3)
+    ("optim.lr=-1", ["optim.lr=-1"], "optim.lr must be > 0, got -1.0; e.g. optim.lr=0.0005 (preset=cartpole's value)"),
     ("checkpoint_interval<0", ["log.checkpoint_interval=-5"], "log.checkpoint_interval must be >= 1, got -5"),
     ("resume: empty config.yaml", lambda t: [f"resume={saved_config(t, '')}"],
      "config.yaml holds no run configuration"),
@@ -81,6 +82,9 @@ CASES = [
 # more of the same kind, checked in this process (cli.main, as the recipe calls it): no process start-up
 MORE_CASES = [
     ("optim.lr=nan", ["optim.lr=nan"], "optim.lr must be > 0, got nan"),
+    ("optim.lr=inf", ["optim.lr=inf"], "optim.lr must be finite and > 0, got inf"),
+    ("unknown key, no close match", ["zzz.qqq=1"], "unknown config key 'zzz.qqq'; the sections are acer, collector"),
+    ("unknown key in a section", ["optim.zzzzzzzz_qqq=1"], "unknown config key 'optim.zzzzzzzz_qqq'; the keys of optim are"),
     ("network.hidden=0", ["network.hidden=64,0"], "network.hidden entries must be in [1, 8192], got 64,0"),
     ("total_frames=1e30", ["total_frames=1e30"], "config key 'total_frames' expects int: 1e30 is out of"),
     ("total_frames=abc", ["total_frames=abc"], "config key 'total_frames' expects int: 'abc' is not an integer"),
@@ -331,3 +335,17 @@ def test_a_benchmark_refuses_to_overwrite_a_committed_result_before_any_run(tmp_
                                                          "give another --name, or --replace")
     assert (results / "acer-cartpole.json").read_text() == "{}" and not (tmp_path / "runs").exists()
     assert sorted(p.name for p in results.iterdir()) == ["acer-cartpole.json"]
+
+
+def test_help_anywhere_on_the_line_and_submit_takes_a_recipe_path(capsys):
+    from acer_torchrl import cli
+
+    assert cli.main("acer", ["preset=atari", "seed=3", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python recipes/acer.py") and "docs/config.md" in out
+    sys.path.insert(0, str(ROOT / "slurm"))
+    try:
+        import submit
+    finally:
+        sys.path.remove(str(ROOT / "slurm"))
+    assert submit.build_parser().parse_args(["recipes/acer.py", "seed=1"]).recipe == "acer"
