@@ -94,6 +94,35 @@ class ACERLoss(ReplayLoss):
 
     The continuous loss draws ``sdn_samples + 1`` actions from the current policy in one
     ``dist.sample((n + 1,))`` call per forward: the first is eq. 16's ``a'_t``, the others eq. 13's ``u_i``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule
+        >>> from torch import nn
+        >>> from torchrl.objectives import SoftUpdate
+        >>> from acer_torchrl.objectives import ACERLoss
+        >>> _ = torch.manual_seed(0)
+        >>> B, T, n_obs, n_act = 2, 5, 4, 3
+        >>> actor = TensorDictModule(nn.Linear(n_obs, n_act), ["observation"], ["logits"])
+        >>> critic = TensorDictModule(nn.Linear(n_obs, n_act), ["observation"], ["action_value"])
+        >>> loss = ACERLoss(actor, critic, discrete=True, seq_len=T)
+        >>> average_policy = SoftUpdate(loss, eps=0.99)  # its step() after each optimiser step
+        >>> mu = torch.distributions.Categorical(logits=torch.randn(B, T, n_act))  # the acting policy
+        >>> batch = TensorDict({
+        ...     "observation": torch.randn(B, T, n_obs),
+        ...     "action": mu.sample(),
+        ...     ("behaviour", "logits"): mu.logits,
+        ...     ("next", "observation"): torch.randn(B, T, n_obs),
+        ...     ("next", "reward"): torch.randn(B, T, 1),
+        ...     ("next", "done"): torch.zeros(B, T, 1, dtype=torch.bool),
+        ...     ("next", "terminated"): torch.zeros(B, T, 1, dtype=torch.bool),
+        ... }, batch_size=[B, T])
+        >>> out = loss(batch)
+        >>> sorted(k for k in out.keys() if k.startswith("loss_"))
+        ['loss_critic', 'loss_entropy', 'loss_objective']
+        >>> out["loss_objective"].shape
+        torch.Size([])
     """
 
     @dataclass

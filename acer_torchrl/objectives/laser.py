@@ -95,6 +95,37 @@ class LASERLoss(ReplayLoss):
         hidden_keys: recurrent state keys written by ``network`` under ``("next", key)`` (empty when
             feed-forward).
         The other keyword arguments are the fields of :class:`LASERConfig`.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule, TensorDictSequential
+        >>> from torch import nn
+        >>> from acer_torchrl.objectives import LASERLoss
+        >>> _ = torch.manual_seed(0)
+        >>> B, T, n_obs, n_act = 2, 5, 4, 3
+        >>> network = TensorDictSequential(
+        ...     TensorDictModule(nn.Linear(n_obs, n_act), ["observation"], ["logits"]),
+        ...     TensorDictModule(nn.Linear(n_obs, 1), ["observation"], ["state_value"]),
+        ... )
+        >>> loss = LASERLoss(network, discrete=True, gamma=0.99, seq_len=T)
+        >>> mu = torch.distributions.Categorical(logits=torch.randn(B, T, n_act))  # the acting policy
+        >>> action = mu.sample()
+        >>> batch = TensorDict({
+        ...     "observation": torch.randn(B, T, n_obs),
+        ...     "action": action,
+        ...     ("behaviour", "logits"): mu.logits,
+        ...     ("behaviour", "log_prob"): mu.log_prob(action),
+        ...     ("next", "observation"): torch.randn(B, T, n_obs),
+        ...     ("next", "reward"): torch.randn(B, T, 1),
+        ...     ("next", "done"): torch.zeros(B, T, 1, dtype=torch.bool),
+        ...     ("next", "terminated"): torch.zeros(B, T, 1, dtype=torch.bool),
+        ... }, batch_size=[B, T])
+        >>> out = loss(batch)
+        >>> sorted(k for k in out.keys() if k.startswith("loss_"))
+        ['loss_critic', 'loss_entropy', 'loss_objective']
+        >>> out["loss_objective"].shape
+        torch.Size([])
     """
 
     @dataclass

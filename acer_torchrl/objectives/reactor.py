@@ -128,6 +128,38 @@ class ReactorLoss(ReplayLoss):
 
     Returns (forward): ``loss_critic`` (eq. 7 regression), ``loss_objective`` (eq. 5 / TISLR), ``loss_entropy``,
     ``loss_behaviour`` (learned only) and diagnostics.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule, TensorDictSequential
+        >>> from torch import nn
+        >>> from torchrl.objectives import HardUpdate
+        >>> from acer_torchrl.objectives import ReactorLoss
+        >>> _ = torch.manual_seed(0)
+        >>> B, T, n_obs, n_act = 2, 5, 4, 3
+        >>> q_network = TensorDictSequential(
+        ...     TensorDictModule(nn.Linear(n_obs, n_act), ["observation"], ["action_value"]))
+        >>> log_pi = nn.Sequential(nn.Linear(n_obs, n_act), nn.LogSoftmax(-1))
+        >>> pi = TensorDictModule(log_pi, ["observation"], ["logits"])  # "logits": log pi
+        >>> loss = ReactorLoss(TensorDictSequential(q_network, pi), q_network, seq_len=T)
+        >>> target_q = HardUpdate(loss, value_network_update_interval=999)  # Q_T: step() after each update
+        >>> mu = torch.distributions.Categorical(logits=torch.randn(B, T, n_act))  # the acting policy
+        >>> action = mu.sample()
+        >>> batch = TensorDict({
+        ...     "observation": torch.randn(B, T, n_obs),
+        ...     "action": action,
+        ...     ("behaviour", "log_prob"): mu.log_prob(action),
+        ...     ("next", "observation"): torch.randn(B, T, n_obs),
+        ...     ("next", "reward"): torch.randn(B, T, 1),
+        ...     ("next", "done"): torch.zeros(B, T, 1, dtype=torch.bool),
+        ...     ("next", "terminated"): torch.zeros(B, T, 1, dtype=torch.bool),
+        ... }, batch_size=[B, T])
+        >>> out = loss(batch)
+        >>> sorted(k for k in out.keys() if k.startswith("loss_"))
+        ['loss_critic', 'loss_entropy', 'loss_objective']
+        >>> out["loss_critic"].shape
+        torch.Size([])
     """
 
     @dataclass

@@ -241,6 +241,47 @@ class VRACERLoss(ReplayLoss):
             ``observation -> (V, loc, scale)`` on its first in_key, and ``parameters``, ``evaluate``, ``gradients``
             for :meth:`forward_backward`), called instead of it; None: ``network`` (under autograd).
         The other keyword arguments are the fields of :class:`VRACERConfig`.
+
+    A sampled batch carries, besides :attr:`in_keys`, the stored estimates of its steps under ``"vracer"``
+    (``vtbc``, ``qret``, ``next_value``, ``[B, 1]``), which :meth:`before_update` adds from the replay.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule, TensorDictSequential
+        >>> from torch import nn
+        >>> from torchrl.modules import NormalParamExtractor
+        >>> from acer_torchrl.objectives import VRACERLoss
+        >>> from acer_torchrl.objectives.vracer import Standardize, TruncatedGaussian
+        >>> _ = torch.manual_seed(0)
+        >>> B, n_obs, n_act = 8, 4, 2
+        >>> normalizer = Standardize(n_obs)
+        >>> torso = nn.Sequential(normalizer, nn.Linear(n_obs, 16), nn.Tanh())
+        >>> policy_head = nn.Sequential(nn.Linear(16, 2 * n_act), NormalParamExtractor())
+        >>> network = TensorDictSequential(
+        ...     TensorDictModule(torso, ["observation"], ["core"]),
+        ...     TensorDictModule(nn.Linear(16, 1), ["core"], ["state_value"]),
+        ...     TensorDictModule(policy_head, ["core"], ["loc", "scale"]),
+        ... )
+        >>> loss = VRACERLoss(network, normalizer, gamma=0.99, n_start=B, lr=1e-4)
+        >>> mu_loc, mu_scale = torch.randn(B, n_act), torch.ones(B, n_act)  # the acting policy's
+        >>> mu = TruncatedGaussian(mu_loc, mu_scale)
+        >>> action = mu.sample()
+        >>> batch = TensorDict({
+        ...     "observation": torch.randn(B, n_obs),
+        ...     "action": action,
+        ...     ("behaviour", "loc"): mu_loc,
+        ...     ("behaviour", "scale"): mu_scale,
+        ...     ("behaviour", "log_prob"): mu.log_prob(action),
+        ...     ("vracer", "vtbc"): torch.randn(B, 1),  # stored estimates (before_update)
+        ...     ("vracer", "qret"): torch.randn(B, 1),
+        ...     ("vracer", "next_value"): torch.randn(B, 1),
+        ... }, batch_size=[B])
+        >>> out = loss(batch)
+        >>> sorted(k for k in out.keys() if k.startswith("loss_"))
+        ['loss_critic', 'loss_kl', 'loss_objective']
+        >>> out["loss_objective"].shape
+        torch.Size([])
     """
 
     @dataclass
