@@ -104,7 +104,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 class Config:
     loss: str = "acer"  # the algorithm: one of the registry (acer_torchrl/algorithms/__init__.py)
     preset: str | None = None  # the algorithm's named override set, applied before the other keys
-    seed: int = 0  # seeds torch, numpy, the replay's sampler and (offset per worker) the envs
+    seed: int = 0  # seeds torch, numpy, the replay's sampler, the envs (offset per worker) and each evaluation
     total_frames: int = 50_000  # env steps
     gamma: float = 0.99  # discount
     device: str = "auto"  # learner device: auto | cpu | cuda | cuda:<index> (acting stays on CPU)

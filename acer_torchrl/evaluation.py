@@ -11,13 +11,15 @@ evaluation at fixed env steps and logs its result with that step's row. Where th
   trainer drains before each checkpoint and at the end, so a checkpoint's ``metrics.csv`` holds every
   evaluation up to its step and a run resumed from it re-asks for the later ones.
 
-Both play the same games from the same seed on the same weights: one evaluation's result does not depend
-on where it ran.
+Both play the same games on the same weights from the seed the trainer asks with (:func:`evaluation_seed`:
+from the run's seed and the env step): one evaluation's result depends on the weights and that seed only,
+neither on where it ran nor on the evaluations before it.
 """
 
 from __future__ import annotations
 
 import atexit
+import copy
 import dataclasses
 import multiprocessing as mp
 import os
@@ -27,6 +29,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
@@ -42,9 +45,16 @@ def evaluation_env_config(env: EnvConfig, games: int = 1) -> EnvConfig:
     return dataclasses.replace(env, num_envs=games, episodic_life=False)
 
 
-def evaluate(policy, env: EnvBase, max_steps: int) -> tuple[float, float]:
+def evaluation_seed(seed: int, env_steps: int) -> int:
+    """The seed of the evaluation a run seeded ``seed`` asks for at ``env_steps``: one stream per pair, apart from
+    the collectors' env seeds; below 2**30, so that its games' ``seed + i`` fit ALE's int32 seeds."""
+    return int(np.random.SeedSequence([seed, env_steps]).generate_state(1)[0]) >> 2
+
+
+def evaluate(policy, env: EnvBase, max_steps: int, seed: int) -> tuple[float, float]:
     """Greedy (``ExplorationType.DETERMINISTIC``) returns of the games of ``env`` (:func:`evaluation_env_config`),
-    played side by side, one policy call per step for all of them.
+    played side by side, one policy call per step for all of them, from ``seed``: game i is seeded ``seed + i``
+    and any torch draw of the policy comes from a generator seeded ``seed`` (the caller's own is left as it was).
 
     Each game's first episode counts, whole (all start together, so no game's length decides which
     episodes are counted); a game that ended is reset and stepped on, its steps ignored, until the last one
@@ -53,7 +63,9 @@ def evaluate(policy, env: EnvBase, max_steps: int) -> tuple[float, float]:
     games = max(env.batch_size.numel(), 1)
     returns = torch.zeros(games, dtype=torch.float64)
     finished = torch.zeros(games, dtype=torch.bool)
-    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        env.set_seed(seed)
         td = env.reset()
         for _ in range(max_steps):
             step, td = env.step_and_maybe_reset(policy(td))
@@ -73,8 +85,9 @@ class InlineEvaluator:
         self.policy, self.env, self.max_steps = policy, make_env(), max_steps
         self._done: list[Result] = []
 
-    def submit(self, tag: Any) -> None:
-        self._done.append((tag, *evaluate(self.policy, self.env, self.max_steps)))
+    def submit(self, tag: Any, seed: int) -> None:
+        """Play the evaluation of the policy's current weights from ``seed``; its result is tagged ``tag``."""
+        self._done.append((tag, *evaluate(self.policy, self.env, self.max_steps, seed)))
 
     def results(self) -> list[Result]:
         done, self._done = self._done, []
@@ -93,7 +106,7 @@ atexit.register(lambda: [e.close() for e in list(_OPEN)])
 
 
 def _serve(policy, make_env: Callable[[], EnvBase], max_steps: int, requests, replies, parent: int) -> None:
-    """The evaluation process: plays the games for each ``(tag, weights)`` request, replies ``(tag, mean,
+    """The evaluation process: plays the games for each ``(tag, seed, weights)`` request, replies ``(tag, mean,
     std)`` (or ``(_FAILED, traceback)``); stops on ``None`` or when its parent is gone."""
     ignore_learner_signals()  # held since its start (learner_signals_held), ignored from here
     torch.set_num_threads(1)
@@ -109,9 +122,9 @@ def _serve(policy, make_env: Callable[[], EnvBase], max_steps: int, requests, re
                 continue
             if request is None:
                 break
-            tag, weights = request
+            tag, seed, weights = request
             policy.load_state_dict(weights)
-            replies.put((tag, *evaluate(policy, env, max_steps)))
+            replies.put((tag, *evaluate(policy, env, max_steps, seed)))
         env.close()
     except Exception:  # noqa: BLE001  (handed to the learner, which raises it)
         replies.put((_FAILED, traceback.format_exc()))
@@ -129,7 +142,9 @@ class BackgroundEvaluator:
         self._pending = 0
         self._process = ctx.Process(
             target=_serve,
-            args=(policy, make_env, max_steps, self._requests, self._replies, os.getpid()),
+            # a copy: pickled to the process, a policy's parameters move into shared memory, so the process's
+            # load_state_dict would write into the learner's live parameters (and they would change under its games)
+            args=(copy.deepcopy(policy), make_env, max_steps, self._requests, self._replies, os.getpid()),
             daemon=True,
             name="acer-torchrl-evaluator",
         )
@@ -137,9 +152,11 @@ class BackgroundEvaluator:
             self._process.start()
         _OPEN.add(self)
 
-    def submit(self, tag: Any) -> None:
+    def submit(self, tag: Any, seed: int) -> None:
+        """Ask for the evaluation of the policy's current weights (a copy, taken now) from ``seed``; its result,
+        tagged ``tag``, comes back through :meth:`results` or :meth:`drain`."""
         weights = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
-        self._requests.put((tag, weights))
+        self._requests.put((tag, seed, weights))
         self._pending += 1
 
     def _reply(self, block: bool) -> Result | None:

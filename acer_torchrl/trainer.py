@@ -36,7 +36,7 @@ from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_check
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
 from acer_torchrl.config import Config, dump_yaml, resume_changes
 from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
-from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config
+from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config, evaluation_seed
 from acer_torchrl.health import Health
 from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, make_loggers, plot_learning_curve
 from acer_torchrl.objectives.common import objective
@@ -408,23 +408,22 @@ class Trainer:
         self._run_lock.close()
 
     def make_evaluator(self) -> BackgroundEvaluator | InlineEvaluator:
-        """Where this run's greedy evaluations are played (``eval.background``: a process beside the learner)."""
-        cfg, c = self.cfg, self.counters
-        env_fn = make_env_fn(
-            evaluation_env_config(cfg.env, games=cfg.eval.episodes),
-            seed=cfg.seed + 10_000 + c.restarts,
-            extra_transforms=self.agent.env_transforms,
-        )
+        """Where this run's greedy evaluations are played (``eval.background``: a process beside the learner); each
+        evaluation seeds the env itself (:meth:`ask_evaluation`)."""
+        cfg = self.cfg
+        env_cfg = evaluation_env_config(cfg.env, games=cfg.eval.episodes)
+        env_fn = make_env_fn(env_cfg, extra_transforms=self.agent.env_transforms)
         kind = BackgroundEvaluator if cfg.eval.background else InlineEvaluator
         return kind(self.acting, env_fn, cfg.eval.max_steps)
 
     def ask_evaluation(self, metrics: dict[str, float]) -> None:
-        """A greedy evaluation of the current acting policy; its row (``metrics`` and the evaluation's return)
-        is logged when the result is in (:meth:`log_evaluations`)."""
+        """A greedy evaluation of the current acting policy, from a seed of the run's seed and the env step (the
+        same games in a resumed run); its row (``metrics`` and the evaluation's return) is logged when the result
+        is in (:meth:`log_evaluations`)."""
         c = self.counters
         self._awaiting.append((c.env_steps, c.updates, c.wall_time_s, metrics))
         with self._named_on_bar(self.evaluator.blocking):
-            self.evaluator.submit(c.env_steps)
+            self.evaluator.submit(c.env_steps, evaluation_seed(self.cfg.seed, c.env_steps))
 
     def wait_for_evaluations(self) -> None:
         """Log every evaluation asked for, waiting for those still being played."""

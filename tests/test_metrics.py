@@ -101,11 +101,16 @@ class AngleOnly(torch.nn.Module):
 @pytest.mark.parametrize("max_steps", [10_000, 30])
 def test_evaluation_plays_each_games_first_episode(max_steps):
     """The side-by-side evaluation equals one episode per game played alone from the same seed (game i of
-    an env seeded s is seeded s + i), capped at ``eval.max_steps`` steps."""
+    an evaluation seeded s is seeded s + i), capped at ``eval.max_steps`` steps; the same again from that seed,
+    whatever was played before, and the caller's torch generator is left as it was."""
     cfg = load_config("acer", ["preset=cartpole", "eval.episodes=6", f"eval.max_steps={max_steps}"])
     policy = TensorDictModule(AngleOnly(), in_keys=["observation"], out_keys=["action"])
-    env = make_env(evaluation_env_config(cfg.env, games=6), seed=40)
-    mean, std = evaluate(policy, env, cfg.eval.max_steps)
+    env = make_env(evaluation_env_config(cfg.env, games=6))
+    torch_state = torch.get_rng_state()
+    mean, std = evaluate(policy, env, cfg.eval.max_steps, seed=40)
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    evaluate(policy, env, cfg.eval.max_steps, seed=41)
+    assert evaluate(policy, env, cfg.eval.max_steps, seed=40) == (mean, std)
     alone = []
     for i in range(6):
         single = make_env(evaluation_env_config(cfg.env), seed=40 + i)
@@ -129,12 +134,12 @@ class Lean(torch.nn.Module):
 
 def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked_with():
     """The evaluation process plays the same games from the same seed as the learner would, on a copy of the
-    weights taken when asked (the learner changes them right after), and returns results in order; it runs at a
-    lower priority than the learner."""
+    weights taken when asked (the learner changes them right after, and the process's loading them leaves the
+    learner's alone), and returns results in order; it runs at a lower priority than the learner."""
     from acer_torchrl.envs import make_env_fn
 
     cfg = load_config("acer", ["preset=cartpole", "eval.episodes=4", "eval.max_steps=200"])
-    env_fn = make_env_fn(evaluation_env_config(cfg.env, games=4), seed=7)
+    env_fn = make_env_fn(evaluation_env_config(cfg.env, games=4))
     policy = TensorDictModule(Lean(), in_keys=["observation"], out_keys=["action"])
     weights = [torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]]), torch.zeros(2, 4), torch.randn(2, 4)]
     inline, background = InlineEvaluator(policy, env_fn, 200), BackgroundEvaluator(policy, env_fn, 200)
@@ -142,8 +147,8 @@ def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked
         for step, w in enumerate(weights):
             with torch.no_grad():
                 policy.module.score.weight.copy_(w)
-            inline.submit(step)
-            background.submit(step)
+            inline.submit(step, seed=7)
+            background.submit(step, seed=7)
         with torch.no_grad():
             policy.module.score.weight.fill_(3.0)  # after asking: must not reach the evaluations asked before
         expected = inline.results()
@@ -152,6 +157,7 @@ def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked
         assert got == expected
         assert len({r[1] for r in expected}) > 1  # the weights made a difference
         assert background.drain() == [] and inline.drain() == []
+        assert bool((policy.module.score.weight == 3.0).all())  # not the weights the process loaded
         # its games below the learner's and the workers' priority (they take no core from an update)
         learner = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, background._process.pid) == min(learner + 10, 19)
@@ -164,11 +170,11 @@ def test_a_failing_evaluation_process_raises_on_the_learner():
     from acer_torchrl.envs import make_env_fn
 
     cfg = load_config("acer", ["preset=cartpole"])
-    env_fn = make_env_fn(evaluation_env_config(cfg.env, games=2), seed=0)
+    env_fn = make_env_fn(evaluation_env_config(cfg.env, games=2))
     broken = TensorDictModule(torch.nn.Linear(3, 2), in_keys=["observation"], out_keys=["action"])  # 4 inputs
     evaluator = BackgroundEvaluator(broken, env_fn, 10)
     try:
-        evaluator.submit(0)
+        evaluator.submit(0, seed=0)
         with pytest.raises(RuntimeError, match="evaluation process failed"):
             evaluator.drain()
     finally:

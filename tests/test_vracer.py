@@ -699,10 +699,10 @@ def test_vracer_learns_inverted_pendulum(tmp_path):
     25, 43, 190, 91, 153, 518, 218, 1000 with the initial std sqrt(0.2); with 0.2, 42, 45, 1000, 75 in one
     run and 39, 82, 75, 1000 in another). Collected in the learner's process (``collector.workers=0``): with
     asynchronous workers, which policy collected which steps follows the learner's speed, and a faster update once
-    gave a best of 118.7 (26.2, 34.1, 59.0, 118.7, 57.6, 103.3, ...). In-process runs still differ from one to the
-    next (two: 26.9, 35.1, 145.3, 106.2, 556.5, 380.0, 1000, 1000, 900, 1000 and 28.3, 36.1, 71.4, 55.5, 82.6, 1000,
-    162.8, 1000, 1000, 1000; the first evaluations, before any update, differ too: not yet traced); the
-    pipeline's workers are tested elsewhere."""
+    gave a best of 118.7 (26.2, 34.1, 59.0, 118.7, 57.6, 103.3, ...). In-process runs are the same from one to the
+    next (23.2, 38.8, 75.4, 84.5, 195.3, 52.6, 52.6, 55.4, 78.0, 1000; ``tests/test_reproducibility.py``); they
+    differed, the first evaluations included, while the evaluation process loaded the weights it was asked with
+    into the learner's own parameters (shared with it). The pipeline's workers are tested elsewhere."""
     run(
         "vracer",
         [
