@@ -52,8 +52,25 @@ def main(recipe: str, argv: list[str] | None = None) -> int:
     except Interrupted as stop:
         print(stop, file=sys.stderr)
         return stop.exit_code
+    except Exception as err:  # a signal inside a C extension's import comes back as "ImportError: initialization failed"
+        stop = interrupt_behind(err)
+        if stop is None:
+            raise
+        print(stop, file=sys.stderr)
+        return stop.exit_code
     finally:
         stops.restore()
+
+
+def interrupt_behind(err: BaseException) -> Interrupted | None:
+    """The :class:`Interrupted` that ``err`` was raised from (its ``__cause__`` / ``__context__`` chain), if any."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, Interrupted):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def run_from_command_line(recipe: str, argv: list[str], stops: StopSignals) -> int:

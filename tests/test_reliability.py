@@ -164,3 +164,22 @@ def test_a_run_whose_checkpoint_does_not_fit_ends_with_one_line(small_disk):
     tmp = small_disk / "checkpoint.tmp"
     assert line.startswith(f"error: cannot write the checkpoint {tmp}: no space left on device")
     assert not (small_disk / "checkpoint.tmp").exists()
+
+
+def test_a_signal_inside_an_extensions_import_is_still_one_line(monkeypatch, capsys):
+    """A Ctrl-C while a C extension initialises (mujoco's, seen under load) reaches the CLI as ``ImportError:
+    initialization failed`` raised from the :class:`Interrupted`: still one line and 130, no traceback."""
+    import signal as signals
+
+    from acer_torchrl import cli
+    from acer_torchrl.processes import Interrupted
+
+    def interrupted_import(*_args, **_kwargs):
+        try:
+            raise Interrupted(signals.SIGINT)
+        except Interrupted as stop:
+            raise ImportError("initialization failed") from stop
+
+    monkeypatch.setattr(cli, "run_from_command_line", interrupted_import)
+    assert cli.main("acer", []) == 130
+    assert capsys.readouterr().err.strip() == "interrupted during start-up: nothing to save yet"
