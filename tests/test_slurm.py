@@ -214,7 +214,9 @@ def sweep_job_resumes_after_requeue(tmp_path: Path, nodes: int) -> None:
     """``submit.py laser_sweep --nodes N``: one job, one task per agent (rank 0 serves the replay, only it
     reports); after an external requeue every agent resumes from its checkpoint, agent 0's bringing the
     replay back. With two nodes the agents run one a node and reach rank 0's replay over the network."""
-    sweep_dir, total = tmp_path / "sweep", 2048
+    # long enough that the requeue lands mid-run: at 2 048 steps a sweep could finish first (~4 s), and a finished
+    # agent resumed changes nothing (no restart recorded)
+    sweep_dir, total = tmp_path / "sweep", 16384
     overrides = [o for o in TINY if not o.startswith("collector.frames_per_batch")]
     cmd = [sys.executable, str(SUBMIT), "laser_sweep", "agents=2", *overrides, "collector.frames_per_batch=64",
            f"total_frames={total}", "log.checkpoint_interval=128", f"run_dir={sweep_dir}", "--time", "60",
@@ -226,6 +228,7 @@ def sweep_job_resumes_after_requeue(tmp_path: Path, nodes: int) -> None:
     agents = [sweep_dir / "agent0", sweep_dir / "agent1"]
     wait_until(lambda: all((read_counters(a) or {}).get("env_steps", 0) >= 128 for a in agents), "both agents' checkpoints", job)
     subprocess.run(["scontrol", "requeue", job_id], check=True)
+    assert all((read_counters(a) or {}).get("env_steps", 0) < total for a in agents), "ended before the requeue; raise total"
     wait_until(lambda: all((read_counters(a) or {}).get("restarts") == 1 for a in agents), "checkpoints after the requeue", job)
     pickles = [JobPaths(job.paths.folder, job_id, task_id=rank).result_pickle for rank in (0, 1)]
     wait_until(lambda: all(p.exists() for p in pickles), "both tasks' results", job)  # not job.done(): see job_state
