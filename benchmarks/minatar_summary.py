@@ -1,0 +1,168 @@
+"""MinAtar at a glance (issue 48): final scores game x algorithm beside the published anchors, and rliable's
+aggregate plots of anchor-normalised scores.
+
+    python benchmarks/minatar_summary.py      # needs rliable: .venv/bin/pip install -c constraints.txt -e '.[bench]'
+
+Reads the rows ``benchmarks/learning.py`` committed (``benchmarks/results/<name>.json``: per-seed final scores,
+each the mean of the greedy evaluations over the last 10 % of the run's env steps) and writes
+``benchmarks/results/minatar.md`` (the table), ``minatar-aggregates.png`` (IQM, median and mean of the
+normalised scores with 95 % stratified-bootstrap CIs) and ``minatar-profiles.png`` (performance profiles).
+A game an algorithm has no finished row for shows ``-`` (or the seeds a partial record holds, marked partial);
+the aggregates use the games that every algorithm in the plot has a finished row for, and say which.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from learning import RESULTS, require_rliable  # benchmarks/ is the script's directory
+
+GAMES = ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders")
+ALGOS = ("acer", "laser", "reactor")
+COLORS = dict(zip(ALGOS, ("tab:blue", "tab:orange", "tab:green")))
+
+# Young & Tian 2019 (MinAtar), read off the learning curves of the MinAtar repository (img/learning_curves.gif,
+# 30 runs each): the moving average of training returns over 100 episodes at 5M frames (DQN's are
+# epsilon-greedy, AC(0.8)'s the sampled policy's; ours are greedy evaluations). gymnax-blines' PPO at 10M steps
+# (as issue 48 quotes them; none for Seaquest). Seaquest's curves are MinAtar <= 1.0.10 (the oxygen-bar bug).
+ANCHORS = {
+    "Asterix": {"DQN": 17.0, "AC(0.8)": 19.0, "PPO": 15.0},
+    "Breakout": {"DQN": 10.0, "AC(0.8)": 17.5, "PPO": 28.0},
+    "Freeway": {"DQN": 50.0, "AC(0.8)": 47.5, "PPO": 58.0},
+    "Seaquest": {"DQN": 20.5, "AC(0.8)": 15.5, "PPO": None},
+    "SpaceInvaders": {"DQN": 43.0, "AC(0.8)": 185.0, "PPO": 131.0},
+}
+NORMALISER = "AC(0.8)"
+
+# The row that stands for an algorithm's preset on a game where its name is not ``<algo>-minatar-<game>``:
+# LASER's preset took 4 updates a batch after its first Breakout row (settings/laser.py says why).
+HEADLINE = {("laser", "Breakout"): "laser-minatar-breakout-updates4"}
+
+
+def row_name(algo: str, game: str) -> str:
+    return HEADLINE.get((algo, game), f"{algo}-minatar-{game.lower()}")
+
+
+def finished_row(algo: str, game: str) -> dict | None:
+    """The finished row's record (``learning.py``'s JSON), or None where there is none."""
+    path = RESULTS / f"{row_name(algo, game)}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def finished_scores(algo: str, game: str) -> list[float] | None:
+    """Per-seed final scores of the finished row, or None where there is none."""
+    row = finished_row(algo, game)
+    return None if row is None else [float(s) for s in row["final_score_per_seed"]]
+
+
+def partial_scores(algo: str, game: str) -> list[float]:
+    """Final scores of the seeds a partial record (``<row>-partial/seed<k>-summary.json``) holds."""
+    folder = RESULTS / f"{row_name(algo, game)}-partial"
+    summaries = sorted(folder.glob("seed*-summary.json")) if folder.exists() else []
+    return [float(json.loads(p.read_text())["eval_return_mean"]) for p in summaries]
+
+
+def cell(algo: str, game: str) -> str:
+    row = finished_row(algo, game)
+    if row is None:
+        partial = partial_scores(algo, game)
+        return f"partial: {', '.join(f'{s:.1f}' for s in partial)}" if partial else "-"
+    (low, high), scores = row["final_score_ci95"], row["final_score_per_seed"]
+    link = f"[{row['final_score_iqm']:.1f} [{low:.1f}, {high:.1f}]]({row_name(algo, game)}.png)"
+    return f"{link}<br>{', '.join(f'{s:.1f}' for s in scores)}"
+
+
+def anchor(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def table() -> str:
+    head = "| game | " + " | ".join(ALGOS) + " | DQN (5M frames) | AC(0.8) (5M frames) | PPO (10M steps) |"
+    lines = [head, "|" + "---|" * (len(ALGOS) + 4)]
+    for game in GAMES:
+        anchors = ANCHORS[game]
+        cells = [cell(algo, game) for algo in ALGOS]
+        lines.append(f"| {game} | " + " | ".join(cells) + " | "
+                     + " | ".join(anchor(anchors[k]) for k in ("DQN", "AC(0.8)", "PPO")) + " |")
+    return "\n".join(lines)
+
+
+def normalised_matrices() -> tuple[dict[str, np.ndarray], list[str]]:
+    """``{algo: [seeds, games]}`` of final scores over the AC(0.8) anchor, on the games every algorithm has."""
+    common = [g for g in GAMES if all(finished_scores(a, g) is not None for a in ALGOS)]
+    matrices = {}
+    for algo in ALGOS:
+        columns = [np.asarray(finished_scores(algo, g)) / ANCHORS[g][NORMALISER] for g in common]
+        seeds = min(len(c) for c in columns)
+        matrices[algo] = np.stack([c[:seeds] for c in columns], axis=1)
+    return matrices, common
+
+
+def plot_aggregates(matrices: dict[str, np.ndarray], games: list[str], path: Path) -> None:
+    from rliable import library as rly
+    from rliable import metrics, plot_utils
+
+    def aggregates(x):
+        return np.array([metrics.aggregate_median(x), metrics.aggregate_iqm(x), metrics.aggregate_mean(x)])
+
+    points, intervals = rly.get_interval_estimates(matrices, aggregates, reps=2_000,
+                                                   random_state=np.random.RandomState(0))
+    fig, _ = plot_utils.plot_interval_estimates(points, intervals, metric_names=["Median", "IQM", "Mean"],
+                                                algorithms=list(ALGOS), colors=COLORS, row_height=0.6,
+                                                xlabel=f"score / {NORMALISER} anchor", xlabel_y_coordinate=-0.3)
+    fig.suptitle(f"MinAtar, 2M env steps: {', '.join(games)}", y=1.15)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+
+
+def plot_profiles(matrices: dict[str, np.ndarray], games: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from rliable import library as rly
+    from rliable import plot_utils
+
+    taus = np.linspace(0.0, 2.5, 101)
+    profiles, cis = rly.create_performance_profile(matrices, taus, reps=2_000)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    plot_utils.plot_performance_profiles(profiles, taus, performance_profile_cis=cis, colors=COLORS, ax=ax,
+                                         xlabel=rf"score / {NORMALISER} anchor $(\tau)$")
+    ax.legend(handles=[plt.Line2D([], [], color=COLORS[a], lw=2, label=a) for a in ALGOS], loc="upper right")
+    ax.set_title(f"MinAtar performance profiles: {', '.join(games)}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    require_rliable()
+    matrices, common = normalised_matrices()
+    plot_aggregates(matrices, common, RESULTS / "minatar-aggregates.png")
+    plot_profiles(matrices, common, RESULTS / "minatar-profiles.png")
+    text = f"""# MinAtar: five games, three algorithms
+
+Final scores at 2M env steps (each seed's mean greedy evaluation over the last 10 % of its env steps; IQM with its
+95 % stratified-bootstrap CI over seeds, then every seed; the link is the row's curves), each algorithm's
+`minatar` preset, beside the anchors. Rows, commands and machines: [learning.md](learning.md). Made by
+`python benchmarks/minatar_summary.py`.
+
+{table()}
+
+Anchors: Young & Tian 2019's DQN and AC(0.8), read off the MinAtar repository's learning curves at 5M frames
+(moving average of training returns over 100 episodes: DQN's epsilon-greedy, AC's sampled; Seaquest's from
+MinAtar <= 1.0.10); gymnax-blines' PPO at 10M steps. A cell marked partial lists the seeds of an unfinished
+record (`<row>-partial/`).
+
+Aggregates over the games every algorithm has a finished row for ({', '.join(common)}), scores divided by the
+{NORMALISER} anchor: [IQM, median and mean with 95 % CIs](minatar-aggregates.png),
+[performance profiles](minatar-profiles.png).
+"""
+    (RESULTS / "minatar.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
