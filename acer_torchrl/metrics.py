@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -130,9 +131,8 @@ class MetricsLog:
         except OSError as err:
             tmp.unlink(missing_ok=True)
             if not self._write_failing:
-                reason = os.strerror(err.errno).lower() if err.errno else str(err)
-                print(f"warning: cannot write {self.path} ({reason}); the run goes on, its rows are written with "
-                      "the next one that fits", file=sys.stderr)
+                print(f"warning: cannot write {self.path} ({os_reason(err)}); the run goes on, its rows are written "
+                      "with the next one that fits", file=sys.stderr)
             self._write_failing = True
             return
         self._write_failing = False
@@ -167,6 +167,31 @@ def finish_plot(fig, ax, path: Path, title: str, xlabel: str, ylabel: str, thres
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def os_reason(err: OSError) -> str:
+    """A failed write's cause in the OS's words ("no space left on device"), else its message."""
+    return os.strerror(err.errno).lower() if err.errno else str(err)
+
+
+def write_summary(path: Path, summary: dict) -> None:
+    """``summary.json``, atomically: a write that fails (a full disk) leaves no partial file and raises OSError."""
+    tmp = path.with_suffix(".json.tmp")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def save_learning_curve(log: MetricsLog, path: Path, title: str) -> None:
+    """The curve PNG, a log like metrics.csv: a write that fails is one warning line, not the run's end."""
+    try:
+        plot_learning_curve(log, path, title)
+    except OSError as err:
+        path.unlink(missing_ok=True)
+        print(f"warning: cannot write {path} ({os_reason(err)}); metrics.csv holds the same curve", file=sys.stderr)
 
 
 def plot_learning_curve(log: MetricsLog, path: Path, title: str) -> None:

@@ -38,7 +38,8 @@ from acer_torchrl.config import Config, dump_yaml, resume_changes
 from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config, evaluation_seed
 from acer_torchrl.health import Health
-from acer_torchrl.metrics import MetricsLog, final_score, final_window_steps, make_loggers, plot_learning_curve
+from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, make_loggers, os_reason,
+                                  save_learning_curve, write_summary)
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.optim import AdamStep
 from acer_torchrl.processes import Interrupted, StopSignals
@@ -490,8 +491,13 @@ class Trainer:
             "health": self.health.summary(),  # ok, or diverged at its first bad update (acer_torchrl.health)
             "run_dir": str(self.run_dir),
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        plot_learning_curve(self.log, self.run_dir / "learning_curve.png", f"{cfg.loss} on {cfg.env.name}")
+        path = self.run_dir / "summary.json"
+        try:
+            write_summary(path, summary)
+        except OSError as err:
+            raise TrainingError(f"cannot write {path} ({os_reason(err)}); the checkpoint holds the finished run: "
+                                f"resume={self.run_dir} writes its summary once the disk has room") from None
+        save_learning_curve(self.log, self.run_dir / "learning_curve.png", f"{cfg.loss} on {cfg.env.name}")
         return summary
 
     @contextlib.contextmanager

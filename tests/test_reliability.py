@@ -15,7 +15,7 @@ import torch
 
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.config import ConfigError
-from acer_torchrl.metrics import MetricsLog
+from acer_torchrl.metrics import MetricsLog, save_learning_curve, write_summary
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.rundir import lock_run_dir
 
@@ -183,3 +183,16 @@ def test_a_signal_inside_an_extensions_import_is_still_one_line(monkeypatch, cap
     monkeypatch.setattr(cli, "run_from_command_line", interrupted_import)
     assert cli.main("acer", []) == 130
     assert capsys.readouterr().err.strip() == "interrupted during start-up: nothing to save yet"
+
+
+def test_a_full_disk_refuses_summary_json_whole_and_the_curve_with_a_warning(small_disk, capsys):
+    log = MetricsLog(small_disk)
+    log.row(64, 1, 0.5, {"eval_return_mean": 1.0})
+    fill(small_disk, 0)
+    with pytest.raises(OSError, match="No space left"):
+        write_summary(small_disk / "summary.json", {"pad": "x" * 100_000})
+    assert not (small_disk / "summary.json").exists() and not (small_disk / "summary.json.tmp").exists()
+    save_learning_curve(log, small_disk / "learning_curve.png", "a curve")  # a log: the run goes on
+    [warning] = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith(f"warning: cannot write {small_disk / 'learning_curve.png'} (no space left on device)")
+    assert not (small_disk / "learning_curve.png").exists()
