@@ -14,7 +14,6 @@ gets the primer that declares them (:attr:`Torso.primers`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +28,7 @@ from torchrl.envs.utils import ExplorationType, exploration_type
 
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
 from acer_torchrl.objectives.common import TensorCall, policy_keys
+from acer_torchrl.objectives.functional import truncated_normal_log_prob, truncated_normal_sample, truncation_log_z
 from acer_torchrl.objectives.names import BEHAVIOUR
 
 
@@ -204,7 +204,8 @@ class GaussianHead(nn.Module):
 
 
 class Standardize(nn.Module):
-    """``s_hat = (s - mu_s) / (sigma_s + eps)`` (App. B, eq. 14-15); the identity until :meth:`fit`.
+    """V-RACER's state standardisation (Novati & Koumoutsakos 2019, App. B, eq. 14-15),
+    ``s_hat = (s - mu_s) / (sigma_s + eps)``; the identity until :meth:`fit`.
 
     ``mu_s`` and ``sigma_s`` are buffers: they are checkpointed with the loss and pushed to the collector
     workers with the policy's weights, so acting and learning see the same standardised states.
@@ -226,31 +227,9 @@ class Standardize(nn.Module):
         return (obs - self.loc) / (self.scale + self.eps)
 
 
-_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-
-
-def truncation_log_z(width: float) -> float:
-    """``log Z``, ``Z = erf(width / sqrt 2)``: the mass of a normal within ``width`` std of its mean."""
-    return math.log(math.erf(width / math.sqrt(2.0)))
-
-
-def truncated_normal_log_prob(action: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, log_z: float) -> torch.Tensor:
-    """``log N(a; m, s) - d log Z`` summed over the last (action) dim, ``[*]``: the density of :class:`TruncatedGaussian`
-    inside its support, ``sum_i [-z_i^2 / 2 - log s_i - log sqrt(2 pi)] - d log Z`` with ``z = (a - m) / s``."""
-    z = (action - loc) / scale
-    return (-0.5 * z.pow(2) - scale.log()).sum(-1) - action.shape[-1] * (_LOG_SQRT_2PI + log_z)
-
-
-def truncated_normal_sample(loc: torch.Tensor, scale: torch.Tensor, width: float) -> torch.Tensor:
-    """A draw of ``loc.shape`` from the normal ``N(loc, scale)`` truncated at ``width`` std from its mean (App. A), by
-    the inverse CDF of a uniform draw inside the truncation's quantiles."""
-    edge = torch.special.ndtr(torch.tensor(-width, dtype=loc.dtype)).item()
-    u = torch.empty(loc.shape, dtype=loc.dtype, device=loc.device).uniform_(edge, 1.0 - edge)
-    return loc + scale * torch.special.ndtri(u)
-
-
 class TruncatedGaussian(D.Independent):
-    """Diagonal normal truncated at ``width`` std from its mean in every component (App. A).
+    """Diagonal normal truncated at ``width`` std from its mean in every component (V-RACER's actions, Novati &
+    Koumoutsakos 2019, App. A; its density and draws: ``objectives.functional.truncated_normal_*``).
 
     Sampling is exact (inverse CDF). ``log_prob`` is the truncated density inside the support,
     ``log N(a; m, s) - d log Z`` with ``Z = erf(width / sqrt 2)``: ``Z`` does not depend on ``m`` or ``s``,

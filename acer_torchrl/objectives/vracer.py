@@ -33,8 +33,8 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from tensordict.utils import NestedKey
 
-from acer_torchrl.modules import truncated_normal_log_prob, truncation_log_z
 from acer_torchrl.objectives.common import NetworkCall, ReplayLoss, masked_mean, padding_mask
+from acer_torchrl.objectives.functional import truncated_normal_log_prob, truncation_log_z
 from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
 

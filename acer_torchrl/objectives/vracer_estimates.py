@@ -27,17 +27,21 @@ batch. Where they come from is here:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
-from acer_torchrl.modules import Standardize
 from acer_torchrl.objectives.episode_recursion import EpisodeRecursion
 from acer_torchrl.objectives.names import MASK_KEY, SLOT_KEY, WRITE_KEY
 from acer_torchrl.objectives.refer import FarPolicyCount
 from acer_torchrl.objectives.stored_estimates import EpisodeStore, SlotEstimates, as_array, write_index
 from acer_torchrl.objectives.vracer import VRACERLoss
+
+if TYPE_CHECKING:  # the losses import nothing of the package outside objectives (tests/test_plain_torchrl_loop.py)
+    from acer_torchrl.modules import Standardize
 
 VALUE, RHO, NEXT_VALUE = "value", "rho", "next_value"  # a stored step's estimates (V(s_k), rho_k, V(s_{k+1}))
 REWARD, TERMINAL = "reward", "terminal"  # a stored step's r_{k+1} and whether s_{k+1} is terminal (kept with them)
