@@ -432,7 +432,7 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
         )
     lines.append(
         "- vtbc write-back rows: V-RACER's V^tbc of every stored step over a replay of B episodes of T steps "
-        "(`VRACERLoss.estimates` from the loss's stored estimates, its eq. 8 segment tree built afresh each time) "
+        "(`VRACEREstimates.estimates` from the agent's stored estimates, its eq. 8 segment tree built afresh each time) "
         "against a plain loop over the same stored values in Python floats; no TorchRL counterpart."
     )
     diffs = [r[k] for r in rows for k in ("diff_vs_plain", "diff_vs_torchrl") if r[k] != ""]

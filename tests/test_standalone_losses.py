@@ -65,7 +65,8 @@ def standalone_loss(trainer: Trainer, networks: tuple, **given) -> torch.nn.Modu
     the pipeline loss's state (average / target networks, ReF-ER's step count)."""
     loss_cls = type(trainer.loss)
     algorithm = get_algorithm(trainer.cfg.loss)
-    loss = loss_cls(*copy.deepcopy(networks), **loss_options(trainer.cfg.algo, loss_cls, algorithm.build_reads, **given))
+    options = loss_options(trainer.cfg.algo, loss_cls, algorithm.build_reads, **given)
+    loss = loss_cls(*copy.deepcopy(networks), **options)
     loss.load_state_dict(trainer.loss.state_dict())
     return loss
 

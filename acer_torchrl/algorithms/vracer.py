@@ -4,6 +4,9 @@
 The loss is :class:`acer_torchrl.objectives.vracer.VRACERLoss`, its stored estimates
 :class:`acer_torchrl.objectives.vracer_estimates.VRACEREstimates`; the ``vracer.*`` keys and presets are in
 :mod:`acer_torchrl.settings.vracer`.
+
+Deviation: the hidden-layer initialisation is Glorot's uniform ``sqrt(6 / (f_i + f_o))`` (App. A prints
+``6 / sqrt(f_i + f_o)`` while citing Glorot & Bengio).
 """
 
 from __future__ import annotations
@@ -226,11 +229,13 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     )
     loss = VRACERLoss(
         network,
-        **loss_options(algo, VRACERLoss, BUILD_READS, lr=cfg.optim.lr, network_call=WrittenOutNetwork.of(encoder, head)),
+        **loss_options(algo, VRACERLoss, BUILD_READS, lr=cfg.optim.lr,
+                       network_call=WrittenOutNetwork.of(encoder, head)),
     )
     estimates = VRACEREstimates(loss, encoder.standardize, gamma=cfg.gamma, n_start=cfg.replay.min_size,
                                 reward_scale_interval=algo.reward_scale_interval, epsilon=algo.epsilon)
-    return Agent(loss=loss, policy=acting_policy(torso.module, head, algo.truncation), torsos=[torso], estimates=estimates)
+    policy = acting_policy(torso.module, head, algo.truncation)
+    return Agent(loss=loss, policy=policy, torsos=[torso], estimates=estimates)
 
 
 ALGORITHM = Algorithm("vracer", VRACERConfig, build, PRESETS, DEFAULT_PRESET, BUILD_READS)

@@ -270,7 +270,8 @@ class VRACERLoss(ReplayLoss):
     def fresh_estimate_keys(self) -> list[NestedKey]:
         """What :meth:`fresh_estimates` reads of a step."""
         keys = self.tensor_keys
-        return [*self.network.in_keys, *[("next", k) for k in self.network.in_keys], keys.action, keys.behaviour_log_prob]
+        observations = self.network.in_keys
+        return [*observations, *[("next", k) for k in observations], keys.action, keys.behaviour_log_prob]
 
     @torch.no_grad()
     def next_value(self, td: TensorDictBase) -> torch.Tensor:

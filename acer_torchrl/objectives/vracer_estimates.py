@@ -168,9 +168,8 @@ class VRACEREstimates:
 
     def _store_fresh(self, replay: EpisodeStore, slots: torch.Tensor) -> None:
         steps = replay.gather(slots, [*self.loss.fresh_estimate_keys, self.reward_key, self.terminated_key])
-        self.stored.write(
-            slots, **self._fresh(steps), **{REWARD: steps.get(self.reward_key), TERMINAL: steps.get(self.terminated_key)}
-        )
+        recorded = {REWARD: steps.get(self.reward_key), TERMINAL: steps.get(self.terminated_key)}
+        self.stored.write(slots, **self._fresh(steps), **recorded)
 
     def before_update(self, sample: TensorDictBase, replay: EpisodeStore) -> TensorDictBase:
         """Adds the sampled steps' ``V^tbc`` and ``Q^ret`` (:meth:`estimates`) under the loss's ``value_target`` and
@@ -239,7 +238,8 @@ class VRACEREstimates:
             # eq. 8's terms at the written slots: before_update's (reward, episode end, terminal: unchanged)
             # with the stored V, rho and V(s_{k+1}) now written back
             drawn = {name: value[kept] for name, value in drawn.items()}
-            self._recursion.set(slots, *eq8_maps({**drawn, **self._written_terms(slots, drawn["terminal"])}, self.gamma))
+            terms = {**drawn, **self._written_terms(slots, drawn["terminal"])}
+            self._recursion.set(slots, *eq8_maps(terms, self.gamma))
         self.updates += 1
         if int(self.updates) % self.reward_scale_interval == 0:
             self._rescale_rewards()
