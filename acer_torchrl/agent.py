@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torchrl.envs.transforms import Transform
 
@@ -22,12 +23,36 @@ class Agent:
             ``ExplorationType.DETERMINISTIC`` it is the greedy evaluation policy.
         torsos: the recurrent torsos whose state rides in collected steps (empty when feed-forward).
         updaters: objects with ``step()`` called after every optimiser step (target / average networks).
+        estimates: per-step estimates kept beside the replay, which the loss reads from its batches (V-RACER's
+            :class:`~acer_torchrl.objectives.vracer_estimates.VRACEREstimates`); the trainer calls them through
+            :meth:`after_extend`, :meth:`before_update` and :meth:`after_update`, and checkpoints their
+            ``state_dict()``. None: the loss needs nothing but the replay's steps.
     """
 
     loss: ReplayLoss
     policy: TensorDictModuleBase
     torsos: list[Torso] = field(default_factory=list)
     updaters: list[Any] = field(default_factory=list)
+    estimates: Any = None
+
+    def after_extend(self, replay) -> None:
+        """After each collected batch is stored in ``replay``: the new steps' estimates."""
+        if self.estimates is not None:
+            self.estimates.after_extend(replay)
+
+    def before_update(self, sample: TensorDictBase, replay) -> TensorDictBase:
+        """On each batch drawn for an update, before the loss: ``sample`` with the estimates the loss reads."""
+        return sample if self.estimates is None else self.estimates.before_update(sample, replay)
+
+    def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay) -> None:
+        """After each optimiser step, with the batch and the loss's output it used (write-backs, controllers)."""
+        if self.estimates is not None:
+            self.estimates.after_update(sample, output, replay)
+
+    @property
+    def value_keys(self) -> tuple[str, ...]:
+        """The update's output entries that are value estimates (:attr:`ReplayLoss.value_keys` and the estimates')."""
+        return (*self.loss.value_keys, *getattr(self.estimates, "value_keys", ()))
 
     @property
     def recurrent(self) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
+from torch import distributions as D
 from torch import nn
 from torch.autograd.function import once_differentiable
 from torchrl.envs.transforms import Transform
@@ -27,8 +28,8 @@ from torchrl.envs.utils import ExplorationType, exploration_type
 
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
 from acer_torchrl.objectives.common import TensorCall, policy_keys
+from acer_torchrl.objectives.functional import truncated_normal_log_prob, truncated_normal_sample, truncation_log_z
 from acer_torchrl.objectives.names import BEHAVIOUR
-from acer_torchrl.objectives.vracer import truncated_normal_log_prob, truncated_normal_sample, truncation_log_z
 
 
 def softsign_and_denominator(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,6 +201,69 @@ class GaussianHead(nn.Module):
     def forward(self, core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         loc = self.loc(core)
         return loc, nn.functional.softplus(self.raw_std).expand_as(loc)
+
+
+class Standardize(nn.Module):
+    """V-RACER's state standardisation (Novati & Koumoutsakos 2019, App. B, eq. 14-15),
+    ``s_hat = (s - mu_s) / (sigma_s + eps)``; the identity until :meth:`fit`.
+
+    ``mu_s`` and ``sigma_s`` are buffers: they are checkpointed with the loss and pushed to the collector
+    workers with the policy's weights, so acting and learning see the same standardised states.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-7):
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("loc", torch.zeros(dim))
+        self.register_buffer("scale", torch.ones(dim))
+
+    @torch.no_grad()
+    def fit(self, observations: torch.Tensor) -> None:
+        """Mean and (population) std of ``observations`` ``[n, dim]`` (eq. 14-15)."""
+        self.loc.copy_(observations.mean(0))
+        self.scale.copy_(observations.std(0, correction=0))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return (obs - self.loc) / (self.scale + self.eps)
+
+
+class TruncatedGaussian(D.Independent):
+    """Diagonal normal truncated at ``width`` std from its mean in every component (V-RACER's actions, Novati &
+    Koumoutsakos 2019, App. A; its density and draws: ``objectives.functional.truncated_normal_*``).
+
+    Sampling is exact (inverse CDF). ``log_prob`` is the truncated density inside the support,
+    ``log N(a; m, s) - d log Z`` with ``Z = erf(width / sqrt 2)``: ``Z`` does not depend on ``m`` or ``s``,
+    so ``rho = pi / mu`` is the ratio of the Gaussian densities, as in the paper. The deterministic action
+    (evaluation) is the mean. The distribution class for a ``ProbabilisticActor`` acting for this loss in a plain
+    TorchRL loop; this package's own acting policy draws the same actions without a distribution object
+    (``modules.BehaviourSampler`` with ``truncation``: ``tests/test_modules.py`` compares the two).
+    """
+
+    has_rsample = True
+
+    def __init__(self, loc: torch.Tensor, scale: torch.Tensor, width: float = 3.0):
+        super().__init__(D.Normal(loc, scale, validate_args=False), 1, validate_args=False)
+        self.width = width
+        self._log_z = truncation_log_z(width)
+
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+        base = self.base_dist
+        return truncated_normal_sample(base.loc.expand(self._extended_shape(sample_shape)), base.scale, self.width)
+
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+        with torch.no_grad():
+            return self.rsample(sample_shape)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        return truncated_normal_log_prob(value, self.base_dist.loc, self.base_dist.scale, self._log_z)
+
+    @property
+    def deterministic_sample(self) -> torch.Tensor:
+        return self.base_dist.loc
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.base_dist.loc
 
 
 class BehaviourSampler(nn.Module):

@@ -2,7 +2,7 @@
 
 collect (asynchronous workers) -> store in the episode replay -> for each planned gradient step: draw a
 batch (online windows and/or replayed sequences), refresh the recurrent state, loss, clip, step, update
-target / average networks, loss hooks -> push weights to the workers -> evaluate, log, checkpoint.
+target / average networks, the agent's hooks -> push weights to the workers -> evaluate, log, checkpoint.
 The workers keep collecting while the learner trains (``MultiAsyncCollector``).
 """
 
@@ -137,7 +137,7 @@ class Trainer:
         self.online = OnlineWindows(self.loss.seq_len)
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
         self.log = MetricsLog(self.run_dir, make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb))
-        self.health = Health(self.loss.value_keys)
+        self.health = Health(self.agent.value_keys)
         self.evaluator: BackgroundEvaluator | InlineEvaluator | None = None  # from start() to close()
         self._collector = None  # from start() to stop_collecting()
         self._bar = None  # the progress bar, while the clock runs
@@ -165,6 +165,7 @@ class Trainer:
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             # a target network's copy schedule (TorchRL's HardUpdate counts its steps) survives a restart
             "updater_counters": [int(getattr(u, "counter", 0)) for u in self.agent.updaters],
+            **({"estimates": self.agent.estimates.state_dict()} if self.agent.estimates is not None else {}),
         }
 
     def _resume(self) -> None:
@@ -174,6 +175,8 @@ class Trainer:
             if keys.missing_keys or keys.unexpected_keys:
                 raise RuntimeError(f"missing {_listed(keys.missing_keys)}, unexpected {_listed(keys.unexpected_keys)}")
             self.optimizer.load_state_dict(state["optimizer"])
+            if self.agent.estimates is not None:
+                self.agent.estimates.load_state_dict(state["estimates"])
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(
                 f"checkpoint in {self.run_dir} does not match this configuration ({type(err).__name__}: "
@@ -254,7 +257,7 @@ class Trainer:
         return torch.cat([p.select(*keys) for p in parts], 0)
 
     def update(self, batch: TensorDictBase) -> dict[str, float]:
-        batch = self.loss.before_update(batch, self.replay)
+        batch = self.agent.before_update(batch, self.replay)
         if batch.device != self.device:  # a CPU batch for a CUDA learner (a copy per key even when already there)
             batch = batch.to(self.device)
         with set_recurrent_mode(True):
@@ -272,7 +275,7 @@ class Trainer:
         for updater in self.agent.updaters:
             updater.step()
         self.counters.updates += 1
-        self.loss.after_update(batch, out, self.replay)
+        self.agent.after_update(batch, out, self.replay)
         names = [k for k, v in out.items() if v.numel() >= 1]
         # a loss may report a statistic computed on the replay's device (V-RACER's far share: CPU)
         means = [v if v.ndim == 0 else v.mean() for v in (out.get(k).detach() for k in names)]
@@ -314,8 +317,8 @@ class Trainer:
         """A collected batch, preprocessed by the loss, into the replay (without the policy's activations) and
         the online windows; returns it preprocessed."""
         batch = self.loss.preprocess(batch)
-        slots = self.replay.extend(batch.exclude(*self.agent.activation_keys))
-        self.loss.after_extend(batch, slots, self.replay)
+        self.replay.extend(batch.exclude(*self.agent.activation_keys))
+        self.agent.after_extend(self.replay)
         self.online.push(batch)
         return batch
 

@@ -237,18 +237,18 @@ def bench_size(B: int, T: int, repeats: int, plain_budget: float) -> list[dict]:
 
 
 def vtbc_replay(B: int, T: int):
-    """A V-RACER loss and a replay of B episodes of T steps (the last step terminated in even rows,
-    truncated in odd ones), the loss's stored estimates holding ``make_inputs``' values, rho and rewards."""
+    """V-RACER's stored estimates and a replay of B episodes of T steps (the last step terminated in even rows,
+    truncated in odd ones), the estimates holding ``make_inputs``' values, rho and rewards."""
     from tensordict import TensorDict
 
     from acer_torchrl.config import load_config
     from acer_torchrl.envs import env_info
     from acer_torchrl.algorithms.vracer import build
-    from acer_torchrl.objectives.vracer import NEXT_VALUE, REWARD, RHO, TERMINAL, VALUE
+    from acer_torchrl.objectives.vracer_estimates import NEXT_VALUE, REWARD, RHO, TERMINAL, VALUE
     from acer_torchrl.replay import TRAJ_KEY, EpisodeReplay
 
     cfg = load_config("vracer", ["preset=pendulum"])
-    loss = build(cfg, env_info(cfg.env)).loss
+    estimates = build(cfg, env_info(cfg.env)).estimates
     x = make_inputs(B, T)
     done = torch.zeros(B, T, 1, dtype=torch.bool)
     done[:, -1] = True
@@ -257,39 +257,39 @@ def vtbc_replay(B: int, T: int):
                         "next": {"done": done, "terminated": terminated, "reward": x["reward"]}}, batch_size=[B, T])
     replay = EpisodeReplay(B * T)
     slots = replay.extend(batch)
-    loss.stored.sync(replay)
-    loss.stored.write(slots, **{VALUE: x["state_value"], RHO: x["log_rho"].exp(), NEXT_VALUE: x["next_state_value"],
-                                REWARD: x["reward"], TERMINAL: terminated})
-    loss.fitted.fill_(True)
-    return loss, replay, slots
+    estimates.stored.sync(replay)
+    estimates.stored.write(slots, **{VALUE: x["state_value"], RHO: x["log_rho"].exp(),
+                                     NEXT_VALUE: x["next_state_value"], REWARD: x["reward"], TERMINAL: terminated})
+    estimates.fitted.fill_(True)
+    return estimates, replay, slots
 
 
-def plain_vtbc(loss, replay, slots: torch.Tensor) -> torch.Tensor:
+def plain_vtbc(estimates, replay, slots: torch.Tensor) -> torch.Tensor:
     """V-RACER eq. 8, V^tbc_t = V_t + min(1, rho_t) [r_{t+1} + gamma V^tbc_{t+1} - V_t], step by step over
     each episode's stored values (Python floats)."""
     value, rho, next_value, reward, terminated = (
-        loss.stored.read(name, slots).tolist() for name in ("value", "rho", "next_value", "reward", "terminal")
+        estimates.stored.read(name, slots).tolist() for name in ("value", "rho", "next_value", "reward", "terminal")
     )
     nxt = replay.next[slots].tolist()
-    scale = float(loss.reward_scale) + loss.epsilon
+    scale = float(estimates.reward_scale) + estimates.epsilon
     index = {s: i for i, s in enumerate(slots.tolist())}
     vtbc = [0.0] * len(value)
     for i in reversed(range(len(value))):  # slots are stored episode after episode, in time order
         after = 0.0 if terminated[i] else next_value[i]
         if nxt[i] >= 0:
             after = vtbc[index[nxt[i]]]
-        vtbc[i] = value[i] + min(1.0, rho[i]) * (reward[i] / scale + loss.gamma * after - value[i])
+        vtbc[i] = value[i] + min(1.0, rho[i]) * (reward[i] / scale + estimates.gamma * after - value[i])
     return torch.tensor(vtbc)
 
 
 def bench_vtbc(B: int, T: int, repeats: int) -> dict:
-    """V^tbc of every stored step from the loss's stored estimates (:meth:`VRACERLoss.estimates`, the eq. 8
+    """V^tbc of every stored step from the stored estimates (:meth:`VRACEREstimates.estimates`, the eq. 8
     segment tree built afresh each time, as after a collected batch) against :func:`plain_vtbc`."""
-    loss, replay, slots = vtbc_replay(B, T)
+    estimates, replay, slots = vtbc_replay(B, T)
 
     def ours() -> torch.Tensor:
-        loss._recursion = None  # rebuilt, as after each stored batch
-        return loss.estimates(replay, slots)[0]
+        estimates._recursion = None  # rebuilt, as after each stored batch
+        return estimates.estimates(replay, slots)[0]
 
     fns = {"ours": ours}
     times = {k: [] for k in fns}
@@ -298,7 +298,7 @@ def bench_vtbc(B: int, T: int, repeats: int) -> dict:
     for _ in range(repeats):
         for k, fn in fns.items():
             times[k].append(timed(fn)[0])
-    plain_s, plain = timed(lambda: plain_vtbc(loss, replay, slots))
+    plain_s, plain = timed(lambda: plain_vtbc(estimates, replay, slots))
     diff = (ours().reshape(-1) - plain).abs().max().item()
     row = dict(B=B, T=T, estimator="vtbc write-back")
     for k, ts in times.items():
@@ -432,7 +432,7 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
         )
     lines.append(
         "- vtbc write-back rows: V-RACER's V^tbc of every stored step over a replay of B episodes of T steps "
-        "(`VRACERLoss.estimates` from the loss's stored estimates, its eq. 8 segment tree built afresh each time) "
+        "(`VRACEREstimates.estimates` from the agent's stored estimates, its eq. 8 segment tree built afresh each time) "
         "against a plain loop over the same stored values in Python floats; no TorchRL counterpart."
     )
     diffs = [r[k] for r in rows for k in ("diff_vs_plain", "diff_vs_torchrl") if r[k] != ""]

@@ -6,7 +6,8 @@
 Collects in the learner's process (``collector.workers=0``: no scheduling between processes, so the run is
 deterministic), stores each batch and takes the loss's planned updates as ``Trainer.step`` does, until
 ``--updates`` updates; prints their CPU time and the SHA-256 of every update's statistics, the loss's final
-state (parameters and buffers) and, for a loss that keeps per-step estimates (V-RACER), its stored columns.
+state (parameters and buffers) and, for an agent that keeps per-step estimates (V-RACER's ``VRACEREstimates``),
+their statistics and stored columns.
 Equal hashes: the same parameters, the same stored estimates and the same statistics at every update.
 """
 
@@ -47,12 +48,13 @@ def main() -> None:
             digest.update(repr(sorted(stats.items())).encode())
             done += 1
     collector.shutdown()
-    for name, value in sorted(trainer.loss.state_dict().items()):
+    estimates = trainer.agent.estimates
+    state = {**trainer.loss.state_dict(), **(estimates.state_dict() if estimates is not None else {})}
+    for name, value in sorted(state.items()):
         if isinstance(value, torch.Tensor):
             digest.update(name.encode())
             digest.update(value.detach().cpu().contiguous().numpy().tobytes())
-    stored = getattr(trainer.loss, "stored", None)
-    for name, column in sorted(getattr(stored, "columns", {}).items()):
+    for name, column in sorted(getattr(getattr(estimates, "stored", None), "columns", {}).items()):
         digest.update(name.encode())
         digest.update(column.numpy().tobytes())
     print(f"{args.algo}:{args.preset}: {done} updates, {1e3 * cpu / done:.2f} ms CPU each (update only, 1 thread); "

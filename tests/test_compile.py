@@ -62,7 +62,7 @@ def test_compiled_update_equals_eager(algo, preset, tmp_path):
     compiled.compile_networks()
     shares = [s for _ in range(3) for s in trainer.loss.update_plan(trainer.rng)][:2] + [0.0]
     for share in shares:
-        batch = trainer.loss.before_update(trainer.draw_batch(share), trainer.replay)
+        batch = trainer.agent.before_update(trainer.draw_batch(share), trainer.replay)
         (eager_terms, eager_grads), (terms, grads) = update_terms(trainer.loss, batch), update_terms(compiled, batch)
         assert terms.keys() == eager_terms.keys() and grads.keys() == eager_grads.keys()
         for name in eager_terms:

@@ -85,7 +85,7 @@ def compare_devices(algo: str, preset: str, tmp_path: Path, device: str, compile
     convolutions to 10-bit mantissas)."""
     trainer = filled_trainer(algo, preset, tmp_path)
     share = next(s for s in trainer.loss.update_plan(trainer.rng) if s < 1.0) if algo != "vracer" else 0.0
-    batch = trainer.loss.before_update(trainer.draw_batch(share), trainer.replay)
+    batch = trainer.agent.before_update(trainer.draw_batch(share), trainer.replay)
     # a second build of the same loss with the first one's state (a deepcopy would cut the functional
     # parameters of TorchRL's LossModule off from the graph)
     on_device = get_algorithm(algo).build(trainer.cfg, trainer.info).loss

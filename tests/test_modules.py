@@ -11,9 +11,8 @@ from torch import nn
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import LSTMModule
 
-from acer_torchrl.modules import ActingPolicy, BehaviourSampler, GaussianHead, Softsign
+from acer_torchrl.modules import ActingPolicy, BehaviourSampler, GaussianHead, Softsign, TruncatedGaussian
 from acer_torchrl.objectives.common import NetworkCall, TensorCall
-from acer_torchrl.objectives.vracer import TruncatedGaussian
 
 
 def test_discrete_draws_are_categoricals_draws_with_their_log_prob():

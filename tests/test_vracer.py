@@ -12,14 +12,14 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from acer_torchrl.checkpoint import write_manifest
+from acer_torchrl.checkpoint import CheckpointError, write_manifest
 from acer_torchrl.cli import run
 from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.objectives.functional import refer_beta_update
 from acer_torchrl.objectives.refer import FarPolicyCount, ReFER, gaussian_kl
 from acer_torchrl.algorithms.vracer import WrittenOutNetwork, build
-from acer_torchrl.objectives.vracer import TruncatedGaussian
+from acer_torchrl.modules import TruncatedGaussian
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.shared_replay import AgentReplay, SharedReplay
 
@@ -81,7 +81,8 @@ BATCHES = [  # two envs; episodes 1 and 3 cross a batch boundary, 2 terminates, 
 def fill(agent, replay, batches=BATCHES, seed=0):
     for i, rows in enumerate(batches):
         batch = agent.loss.preprocess(collected(agent, rows, seed + i))
-        agent.loss.after_extend(batch, replay.extend(batch), replay)
+        replay.extend(batch)
+        agent.after_extend(replay)
 
 
 def perturb(module, seed, scale=0.3):
@@ -93,7 +94,7 @@ def perturb(module, seed, scale=0.3):
 
 def stored(agent, key):
     """The loss's stored estimate ``key`` of every slot, ``[capacity, 1]``."""
-    return agent.loss.stored.columns[key].unsqueeze(-1)
+    return agent.estimates.stored.columns[key].unsqueeze(-1)
 
 
 def episodes(replay):
@@ -107,7 +108,7 @@ def episodes(replay):
 
 def reference_estimates(agent, replay, slots, eps=1e-7):
     """Eq. 8 and Q^ret = r + gamma V^tbc_{t+1} from the episode's end, with the stored V and rho."""
-    reward_scale = float(agent.loss.reward_scale)
+    reward_scale = float(agent.estimates.reward_scale)
     value, rho = stored(agent, "value")[slots, 0].tolist(), stored(agent, "rho")[slots, 0].tolist()
     reward = (replay.column(("next", "reward"), alive_only=False)[slots, 0] / (reward_scale + eps)).tolist()
     last = int(slots[-1])
@@ -125,20 +126,20 @@ def assert_estimates_follow_eq8(agent, replay):
     """Every alive step's V^tbc and Q^ret (what a sampled step trains on) against the loop from its episode's end."""
     for slots in episodes(replay):
         v_tbc, q_ret = reference_estimates(agent, replay, slots)
-        got_v, got_q = agent.loss.estimates(replay, slots)
+        got_v, got_q = agent.estimates.estimates(replay, slots)
         torch.testing.assert_close(got_v[:, 0], v_tbc, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got_q[:, 0], q_ret, rtol=1e-5, atol=1e-5)
 
 
 def all_vtbc(agent, replay):
-    return agent.loss.estimates(replay, torch.arange(replay.capacity)[replay.alive])[0]
+    return agent.estimates.estimates(replay, torch.arange(replay.capacity)[replay.alive])[0]
 
 
 def train_step(agent, replay, batch_size=24):
-    sample = agent.loss.before_update(replay.sample_steps(batch_size), replay)
+    sample = agent.before_update(replay.sample_steps(batch_size), replay)
     out = agent.loss(sample)
     sum(v for k, v in out.items() if k.startswith("loss_")).backward()
-    agent.loss.after_update(sample, out, replay)
+    agent.after_update(sample, out, replay)
     return sample, out
 
 
@@ -163,7 +164,8 @@ def test_truncated_gaussian_samples_inside_three_std_and_rho_of_fresh_data_is_on
     agent = make_agent()
     replay = EpisodeReplay(200, seed=0)
     batch = agent.loss.preprocess(collected(agent, BATCHES[0], seed=1))
-    agent.loss.after_extend(batch, replay.extend(batch), replay)
+    replay.extend(batch)
+    agent.after_extend(replay)
     torch.testing.assert_close(stored(agent, "rho")[replay.alive], torch.ones(18, 1))
     center, half = torch.tensor([0.0, 0.5]), torch.tensor([2.0, 1.0])
     std = math.sqrt(0.2)  # App. A: Sigma = 0.2 I
@@ -178,11 +180,11 @@ def test_new_chunks_compute_eq8_over_whole_stored_episodes():
     agent = make_agent(n_start=10)  # fitted after the first batch
     replay = EpisodeReplay(200, seed=0)
     fill(agent, replay)
-    assert bool(agent.loss.fitted)
+    assert bool(agent.estimates.fitted)
     assert_estimates_follow_eq8(agent, replay)
     # the first batch's values were recomputed with the fitted standardisation
-    fresh = agent.loss._fresh_estimates(replay.gather(episodes(replay)[0]))
-    torch.testing.assert_close(stored(agent, "value")[episodes(replay)[0], 0], fresh["value"])
+    value = agent.loss.fresh_estimates(replay.gather(episodes(replay)[0]))[0]
+    torch.testing.assert_close(stored(agent, "value")[episodes(replay)[0], 0], value)
 
 
 def test_write_back_stores_fresh_v_rho_and_recomputes_eq8_for_earlier_steps():
@@ -193,9 +195,9 @@ def test_write_back_stores_fresh_v_rho_and_recomputes_eq8_for_earlier_steps():
     ends_seen = 0
     for step in range(3):  # the 2nd step also rescales rewards (sigma_r recomputed, App. B)
         perturb(agent.loss.network, seed=step)  # the network changed since the estimates were stored
-        sigma = float(agent.loss.reward_scale)
+        sigma = float(agent.estimates.reward_scale)
         sample, out = train_step(agent, replay)
-        unit = (sigma + 1e-7) / (float(agent.loss.reward_scale) + 1e-7)  # stored values follow sigma_r
+        unit = (sigma + 1e-7) / (float(agent.estimates.reward_scale) + 1e-7)  # stored values follow sigma_r
         assert (unit != 1.0) == (step == 1)
         slots = sample["slot"]
         torch.testing.assert_close(stored(agent, "value")[slots], out["state_value"] * unit)
@@ -221,7 +223,6 @@ def test_sampled_step_uses_stored_targets():
     sample = replay.sample_steps(16)
     sample["vracer", "vtbc"] = torch.randn(16, 1)
     sample["vracer", "qret"] = torch.randn(16, 1)
-    sample["vracer", "next_value"] = torch.randn(16, 1)  # V(s_{k+1}) to write back (before_update's)
     out = agent.loss(sample)
     value = out["state_value"]
     near = (out["rho"] > 1 / 5) & (out["rho"] < 5)
@@ -239,7 +240,7 @@ def test_sampled_step_uses_stored_targets():
 
 def far_policy_sample(agent, replay):
     """16 sampled steps; rows 0-3 made far-policy (rho >= e^3 or e^-3, c_max = 5), the rest near."""
-    sample = agent.loss.before_update(replay.sample_steps(16), replay)
+    sample = agent.before_update(replay.sample_steps(16), replay)
     with torch.no_grad():
         out = agent.loss(sample)
     shift = torch.zeros(16)
@@ -340,7 +341,7 @@ def test_written_out_network_gives_the_modules_outputs_and_autograds_gradients_t
     perturb(network, seed=3)
     g = torch.Generator().manual_seed(4)
     obs = 1.0 + 2.0 * torch.randn(64, OBS, generator=g)
-    agent.loss.normalizer.fit(obs)
+    agent.estimates.normalizer.fit(obs)
     obs.requires_grad_(True)  # an input gradient too (tests/test_vracer.py's Rule 1 test takes one)
     params = [obs, *(p for p in network.parameters() if p.requires_grad)]
     assert {id(p) for p in params[1:]} == {id(p) for p in written_out.parameters()}
@@ -416,7 +417,7 @@ def test_rule2_only_clips_rho_at_1e3(rule1, rule2, clip):
     replay = EpisodeReplay(200, seed=0)
     fill(agent, replay)
     perturb(agent.loss.network, seed=5, scale=0.05)
-    sample = agent.loss.before_update(replay.sample_steps(16), replay)
+    sample = agent.before_update(replay.sample_steps(16), replay)
     with torch.no_grad():
         out = agent.loss(sample)
     shift = torch.zeros(16)
@@ -550,7 +551,7 @@ def test_beta_uses_the_far_fraction_of_the_whole_replay():
     alive = replay.alive.nonzero().squeeze(-1)
     far_rho = torch.ones(alive.numel(), 1)
     far_rho[::3] = 50.0  # a third of the replay is far-policy; sampled steps are near
-    agent.loss.stored.write(alive, rho=far_rho)
+    agent.estimates.stored.write(alive, rho=far_rho)
     sample, out = train_step(agent, replay, batch_size=4)
     expected = (~((stored(agent, "rho")[alive] > 1 / 5) & (stored(agent, "rho")[alive] < 5))).float().mean()
     assert float(agent.loss.refer.far_fraction) == pytest.approx(float(expected))
@@ -570,8 +571,9 @@ def test_eviction_never_leaves_half_an_episode_and_estimates_stay_consistent():
         base = 10 * i
         rows = [[(base + 1, 0, 7, "terminated"), (base + 2, 0, 3, None)], [(base + 3, 0, 10, "truncated")]]
         batch = agent.loss.preprocess(collected(agent, rows, seed=i))
-        agent.loss.after_extend(batch, replay.extend(batch), replay)
-        if bool(agent.loss.fitted):
+        replay.extend(batch)
+        agent.after_extend(replay)
+        if bool(agent.estimates.fitted):
             train_step(agent, replay, batch_size=8)
         for slots in episodes(replay):
             assert replay.position[slots].tolist() == list(range(len(slots))), "half an episode is alive"
@@ -592,14 +594,15 @@ def test_agents_sharing_a_replay_keep_their_own_estimates_of_every_step():
     for i, rows in enumerate(BATCHES):  # agent 0 collects batches 0 and 2, agent 1 batch 1
         agent, view = agents[i % 2], views[i % 2]
         batch = agent.loss.preprocess(collected(agent, rows, seed=i))
-        agent.loss.after_extend(batch, view.extend(batch), view)
+        view.extend(batch)
+        agent.after_extend(view)
     replay = shared.replay
     slots = replay.alive.nonzero().squeeze(-1)
     for agent, view in zip(agents, views):
-        agent.loss.sync(view)  # agent 1 has not seen batch 2 yet
-        fresh = agent.loss._fresh_estimates(replay.gather(slots, agent.loss._estimate_keys()))
-        for name in ("value", "rho", "next_value"):
-            torch.testing.assert_close(stored(agent, name)[slots, 0], fresh[name])
+        agent.estimates.sync(view)  # agent 1 has not seen batch 2 yet
+        fresh = agent.loss.fresh_estimates(replay.gather(slots, agent.loss.fresh_estimate_keys))
+        for name, value in zip(("value", "rho", "next_value"), fresh):
+            torch.testing.assert_close(stored(agent, name)[slots, 0], value)
     assert (stored(agents[0], "value")[slots] - stored(agents[1], "value")[slots]).abs().min() > 1e-4
     for step in range(2):
         for agent, view in zip(agents, views):
@@ -618,27 +621,28 @@ def test_a_step_replaced_after_it_was_drawn_is_masked_and_not_written_back():
     views = [AgentReplay(shared, i, 2, owner=i == 0) for i in range(2)]
     for i, rows in enumerate(BATCHES[:2]):
         batch = agents[0].loss.preprocess(collected(agents[0], rows, seed=i))
-        agents[0].loss.after_extend(batch, views[0].extend(batch), views[0])
+        views[0].extend(batch)
+        agents[0].after_extend(views[0])
     loss = agents[0].loss
     perturb(loss.network, seed=3, scale=0.1)  # the stored estimates now differ from the network's
     sample = views[0].sample_steps(24, loss.in_keys)  # agent 0 draws ...
     batch = agents[1].loss.preprocess(collected(agents[1], BATCHES[2], seed=2))
     written = views[1].extend(batch)  # ... agent 1 writes 18 steps over 40 slots ...
-    sample = loss.before_update(sample, views[0])  # ... agent 0 looks again
+    sample = agents[0].before_update(sample, views[0])  # ... agent 0 looks again
     replaced = torch.isin(sample["slot"], written)
     assert 0 < int(replaced.sum()) < 24
     assert torch.equal(sample["mask"], ~replaced)
     out = loss(sample)
-    loss.after_update(sample, out, views[0])
+    agents[0].after_update(sample, out, views[0])
     replay = shared.replay
     slots = replay.alive.nonzero().squeeze(-1)
-    fresh = loss._fresh_estimates(replay.gather(slots, loss._estimate_keys()))
+    fresh_value = loss.fresh_estimates(replay.gather(slots, loss.fresh_estimate_keys))[0]
     stored_value = stored(agents[0], "value")[slots, 0]
     # every stored step's estimates are its own: the sampled ones written back with this network, the new
     # steps' from the sync (this network too), the others' from before the perturbation
     sampled = torch.isin(slots, sample["slot"][~replaced]) | torch.isin(slots, written)
-    torch.testing.assert_close(stored_value[sampled], fresh["value"][sampled])
-    assert (stored_value[~sampled] - fresh["value"][~sampled]).abs().min() > 1e-4
+    torch.testing.assert_close(stored_value[sampled], fresh_value[sampled])
+    assert (stored_value[~sampled] - fresh_value[~sampled]).abs().min() > 1e-4
     assert_estimates_follow_eq8(agents[0], replay)
 
 
@@ -672,16 +676,20 @@ def test_pipeline_anneals_lr_logs_refer_and_checkpoints_learner_state(tmp_path):
     for column in ("far_fraction", "beta", "c_max", "kl", "rho"):
         assert column in header.split(","), column
     state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)
-    loss_state, optim_state = state["loss"], state["optimizer"]
-    assert bool(loss_state["fitted"]) and int(loss_state["refer.steps"]) == 300
-    assert float(loss_state["reward_scale"]) > 0.5
-    assert float(loss_state["normalizer.scale"].min()) > 0.0  # fitted state statistics, checkpointed
+    loss_state, optim_state, estimates = state["loss"], state["optimizer"], state["estimates"]
+    assert bool(estimates["fitted"]) and int(loss_state["refer.steps"]) == 300
+    assert float(estimates["reward_scale"]) > 0.5
+    assert float(loss_state["network.module.0.module.0.scale"].min()) > 0.0  # fitted state statistics, checkpointed
     assert optim_state["param_groups"][0]["lr"] == pytest.approx(1e-4 / (1 + 1e-3 * 300))  # eq. 13
-    assert set(loss_state["_extra_state"]["columns"]) >= {"value", "rho", "next_value", "reward", "terminal"}
+    assert set(estimates["stored"]["columns"]) >= {"value", "rho", "next_value", "reward", "terminal"}
 
-    # a checkpoint written before the stored estimates moved into the loss (no _extra_state) resumes: they are
-    # recomputed for every stored step with the checkpointed network
-    del loss_state["_extra_state"]
+    # a checkpoint without the stored estimates (written while they lived in the loss) is refused in one line
+    del state["estimates"]
+    torch.save(state, tmp_path / "checkpoint" / "state.pt")
+    write_manifest(tmp_path / "checkpoint")
+    with pytest.raises(CheckpointError, match="does not match this configuration"):
+        run("vracer", [f"resume={tmp_path}", "total_frames=400"])
+    state["estimates"] = estimates
     torch.save(state, tmp_path / "checkpoint" / "state.pt")
     write_manifest(tmp_path / "checkpoint")
     resumed = run("vracer", [f"resume={tmp_path}", "total_frames=400"])

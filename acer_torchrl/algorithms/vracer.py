@@ -1,8 +1,12 @@
 """V-RACER with ReF-ER (Novati & Koumoutsakos 2019) for the pipeline: App. A's network and :func:`build`
 (config -> :class:`Agent`).
 
-The loss is :class:`acer_torchrl.objectives.vracer.VRACERLoss`; the ``vracer.*`` keys and presets are in
+The loss is :class:`acer_torchrl.objectives.vracer.VRACERLoss`, its stored estimates
+:class:`acer_torchrl.objectives.vracer_estimates.VRACEREstimates`; the ``vracer.*`` keys and presets are in
 :mod:`acer_torchrl.settings.vracer`.
+
+Deviation: the hidden-layer initialisation is Glorot's uniform ``sqrt(6 / (f_i + f_o))`` (App. A prints
+``6 / sqrt(f_i + f_o)`` while citing Glorot & Bengio).
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from acer_torchrl.algorithms import Algorithm, loss_options
 from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import (
-    ActingPolicy, BehaviourSampler, GaussianHead, MLPEncoder, Softsign, learning_module, make_torso,
+    ActingPolicy, BehaviourSampler, GaussianHead, MLPEncoder, Softsign, Standardize, learning_module, make_torso,
     softsign_and_denominator, softsign_backward,
 )
 from acer_torchrl.objectives.names import BEHAVIOUR
-from acer_torchrl.objectives.vracer import Standardize, VRACERLoss
+from acer_torchrl.objectives.vracer import VRACERLoss
+from acer_torchrl.objectives.vracer_estimates import VRACEREstimates
 from acer_torchrl.settings.vracer import DEFAULT_PRESET, PRESETS, VRACERConfig
 
 
@@ -204,11 +209,11 @@ def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float)
 
 
 # the fields of VRACERConfig that build reads itself (the others go to VRACERLoss)
-BUILD_READS = ("epsilon", "init_std", "truncation")
+BUILD_READS = ("epsilon", "init_std", "truncation", "reward_scale_interval")
 
 
 def build(cfg: Config, info: EnvInfo) -> Agent:
-    """One MLP with a value, a mean and a std output (sec. 2, App. A) and the V-RACER loss."""
+    """One MLP with a value, a mean and a std output (sec. 2, App. A), the V-RACER loss and its stored estimates."""
     if info.discrete:
         raise ConfigError(f"loss=vracer needs continuous actions; env.name={cfg.env.name} has discrete ones")
     if len(info.obs_shape) != 1:
@@ -224,11 +229,13 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     )
     loss = VRACERLoss(
         network,
-        encoder.standardize,
-        **loss_options(algo, VRACERLoss, BUILD_READS, gamma=cfg.gamma, n_start=cfg.replay.min_size, lr=cfg.optim.lr,
+        **loss_options(algo, VRACERLoss, BUILD_READS, lr=cfg.optim.lr,
                        network_call=WrittenOutNetwork.of(encoder, head)),
     )
-    return Agent(loss=loss, policy=acting_policy(torso.module, head, algo.truncation), torsos=[torso])
+    estimates = VRACEREstimates(loss, encoder.standardize, gamma=cfg.gamma, n_start=cfg.replay.min_size,
+                                reward_scale_interval=algo.reward_scale_interval, epsilon=algo.epsilon)
+    policy = acting_policy(torso.module, head, algo.truncation)
+    return Agent(loss=loss, policy=policy, torsos=[torso], estimates=estimates)
 
 
 ALGORITHM = Algorithm("vracer", VRACERConfig, build, PRESETS, DEFAULT_PRESET, BUILD_READS)

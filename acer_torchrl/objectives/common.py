@@ -54,11 +54,6 @@ class ReplayLoss(LossModule):
         """Called on every collected batch before it is stored (e.g. to add columns written back later)."""
         return batch
 
-    def before_update(self, sample: TensorDictBase, replay) -> TensorDictBase:
-        """Called on each batch drawn for an update, before ``forward``: adds entries computed from the
-        replay when the batch is drawn (V-RACER's ``V^tbc`` and ``Q^ret``)."""
-        return sample
-
     def forward_backward(self, td: TensorDictBase, params: Sequence[torch.Tensor]) -> TensorDictBase:
         """``forward(td)``, with the gradient of the sum of its ``loss_*`` entries in the ``.grad`` of each of
         ``params`` (None where it does not reach): autograd here; a loss may compute the same gradient its own way
@@ -68,13 +63,6 @@ class ReplayLoss(LossModule):
             param.grad = None
         objective(out).backward()
         return out
-
-    def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay) -> None:
-        """Called after each optimiser step with the batch it used (write-backs, controllers)."""
-
-    def after_extend(self, batch: TensorDictBase, slots: torch.Tensor, replay) -> None:
-        """Called after each collected batch is stored, with the storage slots its steps went to
-        (row-major), e.g. to compute per-episode estimates over the stored steps (V-RACER)."""
 
     def lr_scale(self) -> float:
         """Multiplier of ``optim.lr`` for the next optimiser step (annealing, e.g. ReF-ER eq. 13)."""

@@ -43,6 +43,9 @@ __all__ = [
     "refer_c_max",
     "refer_lr",
     "refer_beta_update",
+    "truncation_log_z",
+    "truncated_normal_log_prob",
+    "truncated_normal_sample",
 ]
 
 # The odd-even reduction of :func:`_affine_scan` halves the window until it is at most this long,
@@ -333,3 +336,29 @@ def refer_beta_update(
     the fixed point 0 (more penalty), few grow it towards 1.
     """
     return (1.0 - lr) * beta + lr * (far_fraction <= D)
+
+
+# ---------------------------------------------------------------------------------------------- truncated normal
+# V-RACER's actions (Novati & Koumoutsakos 2019, App. A): a diagonal normal truncated at ``width`` std from its mean
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def truncation_log_z(width: float) -> float:
+    """``log Z``, ``Z = erf(width / sqrt 2)``: the mass of a normal within ``width`` std of its mean."""
+    return math.log(math.erf(width / math.sqrt(2.0)))
+
+
+def truncated_normal_log_prob(action: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, log_z: float) -> torch.Tensor:
+    """``log N(a; m, s) - d log Z`` summed over the last (action) dim, ``[*]``: the density of ``modules.TruncatedGaussian``
+    inside its support, ``sum_i [-z_i^2 / 2 - log s_i - log sqrt(2 pi)] - d log Z`` with ``z = (a - m) / s``."""
+    z = (action - loc) / scale
+    return (-0.5 * z.pow(2) - scale.log()).sum(-1) - action.shape[-1] * (_LOG_SQRT_2PI + log_z)
+
+
+def truncated_normal_sample(loc: torch.Tensor, scale: torch.Tensor, width: float) -> torch.Tensor:
+    """A draw of ``loc.shape`` from the normal ``N(loc, scale)`` truncated at ``width`` std from its mean (App. A), by
+    the inverse CDF of a uniform draw inside the truncation's quantiles."""
+    edge = torch.special.ndtr(torch.tensor(-width, dtype=loc.dtype)).item()
+    u = torch.empty(loc.shape, dtype=loc.dtype, device=loc.device).uniform_(edge, 1.0 - edge)
+    return loc + scale * torch.special.ndtri(u)

@@ -1,10 +1,12 @@
-"""Per-step estimates a loss keeps for the steps of a replay it reads but does not own: V-RACER's stored
-``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` (Novati & Koumoutsakos 2019, sec. 2, Algorithm 3).
+"""Per-step estimates an agent keeps for the steps of a replay it reads but does not own: V-RACER's stored
+``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` (Novati & Koumoutsakos 2019, sec. 2, Algorithm 3;
+:class:`~acer_torchrl.objectives.vracer_estimates.VRACEREstimates`).
 
-They live with the loss, indexed by the replay's slots, not in the replay: each agent of a shared-replay sweep
-keeps its own network's estimates of every stored step, whoever collected it, and the replay stays the record
-of what was collected. The replay is written round robin (its ``w``-th step lands in slot ``w mod capacity``),
-so its write counter alone says which slots changed since the loss last looked (:meth:`SlotEstimates.sync`).
+They live with the agent, beside its loss, indexed by the replay's slots, not in the replay: each agent of a
+shared-replay sweep keeps its own network's estimates of every stored step, whoever collected it, and the replay
+stays the record of what was collected. The replay is written round robin (its ``w``-th step lands in slot
+``w mod capacity``), so its write counter alone says which slots changed since the agent last looked
+(:meth:`SlotEstimates.sync`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class EpisodeLinks(NamedTuple):
 
 
 class EpisodeStore(Protocol):
-    """What a loss with stored estimates reads of a replay (:class:`~acer_torchrl.replay.EpisodeReplay` is
+    """What stored estimates read of a replay (:class:`~acer_torchrl.replay.EpisodeReplay` is
     one, a sweep agent's view of the shared replay another): its size and write counter, its episode links
     and its stored steps."""
 
@@ -83,7 +85,7 @@ class SlotEstimates:
         return self.columns[name][:n], self.links.alive[:n]
 
     def array(self, name: str) -> np.ndarray:
-        """Column ``name`` as a NumPy view (the loss's per-update bookkeeping: a NumPy call on a few hundred
+        """Column ``name`` as a NumPy view (the per-update bookkeeping: a NumPy call on a few hundred
         entries costs ~1 us, a torch call ~5)."""
         return self.columns[name].numpy()
 

@@ -1,41 +1,29 @@
-"""V-RACER with ReF-ER (Novati & Koumoutsakos 2019, "Remember and Forget for Experience Replay").
+"""V-RACER's loss with ReF-ER (Novati & Koumoutsakos 2019, "Remember and Forget for Experience Replay").
 
 ``papers/refer-vracer-novati2019.txt``: sec. 2 (V-RACER), sec. 3 (ReF-ER), App. A-C (network,
 preprocessing, Algorithms 1-3). One network outputs ``V(s)``, the Gaussian mean ``m(s)`` and a
 state-independent diagonal std; training samples single time steps from the replay:
 
-* **Stored estimates (sec. 2, Algorithm 3).** For every stored step ``k`` the loss keeps the most recent
-  ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})``, indexed by the replay's slot (:class:`SlotEstimates`, beside the
-  replay rather than in it: each agent of a shared-replay sweep keeps its own); a step's are computed when
-  the loss first sees it in the replay. A sampled step's gradient uses ``V^tbc_k`` (value target, eq. 9) and
-  ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 5-6 with ``Q := V``), eq. 8 run from its episode's last
-  stored step over these stored values; its fresh ``V`` and ``rho`` (and ``V(s_{k+1})``, the bootstrap
-  where it is its episode's last stored step) are written back (:meth:`VRACERLoss.after_update`). Terminal
-  steps bootstrap on 0, a truncated (or still open) episode's last stored step on ``V(s_{T})``.
-  Algorithm 3 stores ``V^tbc`` and recomputes it for every earlier step of the episode after each write-back
-  (O(episode prefix) per sampled step); that keeps every stored ``V^tbc_t`` equal to eq. 8 over the stored
-  values from ``t`` on, which is what is computed here when ``t`` is sampled (:meth:`VRACERLoss.estimates`:
-  a segment tree over eq. 8's affine steps, O(log replay) per sampled step, the same numbers).
+* **Targets (sec. 2).** A sampled step's gradient uses ``V^tbc_k`` (value target, eq. 9) and
+  ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 5-6 with ``Q := V``), eq. 8 over its episode's stored
+  estimates. The loss reads both from the batch (:attr:`VRACERLoss.default_keys`): in this package
+  :class:`~acer_torchrl.objectives.vracer_estimates.VRACEREstimates` keeps the stored estimates beside the
+  replay and adds them to each drawn batch (Algorithm 3's write-back included); for one episode held in
+  hand, :func:`~acer_torchrl.objectives.vracer_estimates.episode_targets` computes them.
 * **ReF-ER (sec. 3).** Rules 1-2, the ``beta`` controller over the whole replay's stored ``rho`` and the
   annealing of ``c_max`` and of the learning rate (eq. 10-13) live in :class:`~acer_torchrl.objectives.refer.ReFER`.
-* **Preprocessing (App. B).** States are standardised with the mean and std of the first ``N_start``
-  stored observations (eq. 14-15) by a :class:`Standardize` layer inside the network, so the acting
-  policy on the workers receives it with the weights; rewards are divided by
-  ``sigma_r = sqrt(mean r^2)`` over the replay (eq. 16), recomputed every ``reward_scale_interval``
-  gradient steps. Actions: a normal truncated at 3 std (App. A) in [-1, 1] units, scaled linearly to
-  the env's bounds (App. B).
+* **Preprocessing (App. B).** States are standardised by a :class:`~acer_torchrl.modules.Standardize` layer
+  inside the network, rewards divided by ``sigma_r`` (both fitted by ``VRACEREstimates``). Actions: a normal
+  truncated at 3 std (App. A, :class:`~acer_torchrl.modules.TruncatedGaussian`) in [-1, 1] units, scaled
+  linearly to the env's bounds (App. B).
 
-Deviations and choices: the hidden-layer initialisation is Glorot's uniform ``sqrt(6 / (f_i + f_o))``
-(App. A prints ``6 / sqrt(f_i + f_o)`` while citing Glorot & Bengio); ``rho`` and ``D_KL`` use the
-Gaussian densities (the truncation constant is the same for ``pi`` and ``mu`` and cancels in ``rho``);
-when ``sigma_r`` changes, the stored values are rescaled by ``sigma_old / sigma_new`` so that they stay
-in the units of the current reward scale; as in Algorithm 3, ``beta`` weighs the value gradient as well as
-the policy gradient and the batch mean counts the far-policy steps (with zero gradient).
+Deviations and choices: ``rho`` and ``D_KL`` use the Gaussian densities (the truncation constant is the same
+for ``pi`` and ``mu`` and cancels in ``rho``); as in Algorithm 3, ``beta`` weighs the value gradient as well
+as the policy gradient and the batch mean counts the far-policy steps (with zero gradient).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,106 +32,13 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from tensordict.utils import NestedKey
-from torch import distributions as D
-from torch import nn
 
 from acer_torchrl.objectives.common import NetworkCall, ReplayLoss, masked_mean, padding_mask
-from acer_torchrl.objectives.episode_recursion import EpisodeRecursion
-from acer_torchrl.objectives.names import BEHAVIOUR, MASK_KEY, SLOT_KEY, WRITE_KEY
-from acer_torchrl.objectives.refer import FarPolicyCount, ReFER, gaussian_kl
-from acer_torchrl.objectives.stored_estimates import EpisodeStore, SlotEstimates, as_array, write_index
+from acer_torchrl.objectives.functional import truncated_normal_log_prob, truncation_log_z
+from acer_torchrl.objectives.names import BEHAVIOUR
+from acer_torchrl.objectives.refer import ReFER, gaussian_kl
 
-STORED = "vracer"  # root of a sampled batch's stored estimates (added by before_update)
-VALUE, RHO, NEXT_VALUE, VTBC, QRET = "value", "rho", "next_value", "vtbc", "qret"  # the last two: computed when sampled
-REWARD, TERMINAL = "reward", "terminal"  # a stored step's r_{k+1} and whether s_{k+1} is terminal (kept with them)
-_WRITTEN_BACK = {VALUE: "state_value", RHO: "rho", NEXT_VALUE: "next_state_value"}  # stored <- loss output
-
-
-# ---------------------------------------------------------------------------------------------- network
-
-
-class Standardize(nn.Module):
-    """``s_hat = (s - mu_s) / (sigma_s + eps)`` (App. B, eq. 14-15); the identity until :meth:`fit`.
-
-    ``mu_s`` and ``sigma_s`` are buffers: they are checkpointed with the loss and pushed to the collector
-    workers with the policy's weights, so acting and learning see the same standardised states.
-    """
-
-    def __init__(self, dim: int, eps: float = 1e-7):
-        super().__init__()
-        self.eps = eps
-        self.register_buffer("loc", torch.zeros(dim))
-        self.register_buffer("scale", torch.ones(dim))
-
-    @torch.no_grad()
-    def fit(self, observations: torch.Tensor) -> None:
-        """Mean and (population) std of ``observations`` ``[n, dim]`` (eq. 14-15)."""
-        self.loc.copy_(observations.mean(0))
-        self.scale.copy_(observations.std(0, correction=0))
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return (obs - self.loc) / (self.scale + self.eps)
-
-
-_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-
-
-def truncation_log_z(width: float) -> float:
-    """``log Z``, ``Z = erf(width / sqrt 2)``: the mass of a normal within ``width`` std of its mean."""
-    return math.log(math.erf(width / math.sqrt(2.0)))
-
-
-def truncated_normal_log_prob(action: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, log_z: float) -> torch.Tensor:
-    """``log N(a; m, s) - d log Z`` summed over the last (action) dim, ``[*]``: the density of :class:`TruncatedGaussian`
-    inside its support, ``sum_i [-z_i^2 / 2 - log s_i - log sqrt(2 pi)] - d log Z`` with ``z = (a - m) / s``."""
-    z = (action - loc) / scale
-    return (-0.5 * z.pow(2) - scale.log()).sum(-1) - action.shape[-1] * (_LOG_SQRT_2PI + log_z)
-
-
-def truncated_normal_sample(loc: torch.Tensor, scale: torch.Tensor, width: float) -> torch.Tensor:
-    """A draw of ``loc.shape`` from the normal ``N(loc, scale)`` truncated at ``width`` std from its mean (App. A), by
-    the inverse CDF of a uniform draw inside the truncation's quantiles."""
-    edge = torch.special.ndtr(torch.tensor(-width, dtype=loc.dtype)).item()
-    u = torch.empty(loc.shape, dtype=loc.dtype, device=loc.device).uniform_(edge, 1.0 - edge)
-    return loc + scale * torch.special.ndtri(u)
-
-
-class TruncatedGaussian(D.Independent):
-    """Diagonal normal truncated at ``width`` std from its mean in every component (App. A).
-
-    Sampling is exact (inverse CDF). ``log_prob`` is the truncated density inside the support,
-    ``log N(a; m, s) - d log Z`` with ``Z = erf(width / sqrt 2)``: ``Z`` does not depend on ``m`` or ``s``,
-    so ``rho = pi / mu`` is the ratio of the Gaussian densities, as in the paper. The deterministic action
-    (evaluation) is the mean. The distribution class for a ``ProbabilisticActor`` acting for this loss in a plain
-    TorchRL loop; this package's own acting policy draws the same actions without a distribution object
-    (``modules.BehaviourSampler`` with ``truncation``: ``tests/test_modules.py`` compares the two).
-    """
-
-    has_rsample = True
-
-    def __init__(self, loc: torch.Tensor, scale: torch.Tensor, width: float = 3.0):
-        super().__init__(D.Normal(loc, scale, validate_args=False), 1, validate_args=False)
-        self.width = width
-        self._log_z = truncation_log_z(width)
-
-    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
-        base = self.base_dist
-        return truncated_normal_sample(base.loc.expand(self._extended_shape(sample_shape)), base.scale, self.width)
-
-    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
-        with torch.no_grad():
-            return self.rsample(sample_shape)
-
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        return truncated_normal_log_prob(value, self.base_dist.loc, self.base_dist.scale, self._log_z)
-
-    @property
-    def deterministic_sample(self) -> torch.Tensor:
-        return self.base_dist.loc
-
-    @property
-    def mean(self) -> torch.Tensor:
-        return self.base_dist.loc
+STORED = "vracer"  # root of a batch's V^tbc and Q^ret (VRACEREstimates.before_update adds them)
 
 
 # ---------------------------------------------------------------------------------------------- loss terms
@@ -218,7 +113,8 @@ class _ReFERTerms(torch.autograd.Function):
 class VRACERLoss(ReplayLoss):
     """V-RACER's loss with ReF-ER (Novati & Koumoutsakos 2019, eq. 5-13, Algorithm 3).
 
-    For a batch of single steps ``k`` (each with its stored ``V^tbc_k`` and ``Q^ret_k``):
+    For a batch of single steps ``k``, each with its ``V^tbc_k`` and ``Q^ret_k`` (eq. 8 over its episode's stored
+    estimates, under :attr:`tensor_keys` ``value_target`` and ``q_ret``):
 
     * ``rho_k = pi(a_k|s_k) / mu_k(a_k|s_k)`` from the behaviour log-probability stored at acting time;
     * ``loss_objective = beta mean_k[near_k * (-rho_k (Q^ret_k - V(s_k)))]`` (off-PG, eq. 5; the advantage is
@@ -232,18 +128,11 @@ class VRACERLoss(ReplayLoss):
 
     Args:
         network: learning module ``observation -> state_value, loc, scale`` (env units).
-        normalizer: the :class:`Standardize` layer inside ``network`` (fitted on the first ``n_start`` steps).
-        gamma: discount.
-        n_start: stored steps before the state and reward statistics are fitted (``N_start``, Alg. 1;
-            the trainer starts updating at ``replay.min_size``, pass that).
         lr: the optimiser's initial learning rate (annealed by eq. 13, also ``eta`` of eq. 12).
         network_call: ``network`` with its gradient written out (``algorithms.vracer.WrittenOutNetwork``: called
             ``observation -> (V, loc, scale)`` on its first in_key, and ``parameters``, ``evaluate``, ``gradients``
             for :meth:`forward_backward`), called instead of it; None: ``network`` (under autograd).
         The other keyword arguments are the fields of :class:`VRACERConfig`.
-
-    A sampled batch carries, besides :attr:`in_keys`, the stored estimates of its steps under ``"vracer"``
-    (``vtbc``, ``qret``, ``next_value``, ``[B, 1]``), which :meth:`before_update` adds from the replay.
 
     Examples:
         >>> import torch
@@ -251,32 +140,34 @@ class VRACERLoss(ReplayLoss):
         >>> from tensordict.nn import TensorDictModule, TensorDictSequential
         >>> from torch import nn
         >>> from torchrl.modules import NormalParamExtractor
+        >>> from acer_torchrl.modules import TruncatedGaussian
         >>> from acer_torchrl.objectives import VRACERLoss
-        >>> from acer_torchrl.objectives.vracer import Standardize, TruncatedGaussian
+        >>> from acer_torchrl.objectives.vracer_estimates import episode_targets
         >>> _ = torch.manual_seed(0)
-        >>> B, n_obs, n_act = 8, 4, 2
-        >>> normalizer = Standardize(n_obs)
-        >>> torso = nn.Sequential(normalizer, nn.Linear(n_obs, 16), nn.Tanh())
+        >>> T, n_obs, n_act = 8, 4, 2
         >>> policy_head = nn.Sequential(nn.Linear(16, 2 * n_act), NormalParamExtractor())
         >>> network = TensorDictSequential(
-        ...     TensorDictModule(torso, ["observation"], ["core"]),
+        ...     TensorDictModule(nn.Sequential(nn.Linear(n_obs, 16), nn.Tanh()), ["observation"], ["core"]),
         ...     TensorDictModule(nn.Linear(16, 1), ["core"], ["state_value"]),
         ...     TensorDictModule(policy_head, ["core"], ["loc", "scale"]),
         ... )
-        >>> loss = VRACERLoss(network, normalizer, gamma=0.99, n_start=B, lr=1e-4)
-        >>> mu_loc, mu_scale = torch.randn(B, n_act), torch.ones(B, n_act)  # the acting policy's
+        >>> loss = VRACERLoss(network, lr=1e-4)
+        >>> mu_loc, mu_scale = torch.randn(T, n_act), torch.ones(T, n_act)  # the acting policy's
         >>> mu = TruncatedGaussian(mu_loc, mu_scale)
         >>> action = mu.sample()
+        >>> # eq. 8 over one episode of T steps (truncated after the last: bootstrap V(s_T)) from the V(s_t) and rho_t
+        >>> # stored for its steps (the pipeline keeps them beside the replay: VRACEREstimates)
+        >>> v_tbc, q_ret = episode_targets(value=torch.randn(T), rho=2 * torch.rand(T), reward=torch.randn(T),
+        ...                                bootstrap=0.5, gamma=0.99)
         >>> batch = TensorDict({
-        ...     "observation": torch.randn(B, n_obs),
+        ...     "observation": torch.randn(T, n_obs),
         ...     "action": action,
         ...     ("behaviour", "loc"): mu_loc,
         ...     ("behaviour", "scale"): mu_scale,
         ...     ("behaviour", "log_prob"): mu.log_prob(action),
-        ...     ("vracer", "vtbc"): torch.randn(B, 1),  # stored estimates (before_update)
-        ...     ("vracer", "qret"): torch.randn(B, 1),
-        ...     ("vracer", "next_value"): torch.randn(B, 1),
-        ... }, batch_size=[B])
+        ...     ("vracer", "vtbc"): v_tbc.unsqueeze(-1),
+        ...     ("vracer", "qret"): q_ret.unsqueeze(-1),
+        ... }, batch_size=[T])
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_critic', 'loss_kl', 'loss_objective']
@@ -293,8 +184,8 @@ class VRACERLoss(ReplayLoss):
             behaviour: root of the behaviour statistics ``loc``/``scale`` stored at acting time.
             behaviour_log_prob: ``log mu(a_k|s_k)`` stored at acting time.
             value, loc, scale: outputs of the learning network.
-            reward, terminated: under ``"next"``.
-            stored: root of the per-step estimates kept in the replay (value, rho, next_value, vtbc, qret).
+            value_target: ``V^tbc_k`` (eq. 8-9), ``[*, 1]``.
+            q_ret: ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 5-6), ``[*, 1]``.
         """
 
         action: NestedKey = "action"
@@ -303,21 +194,17 @@ class VRACERLoss(ReplayLoss):
         value: NestedKey = "state_value"
         loc: NestedKey = "loc"
         scale: NestedKey = "scale"
-        reward: NestedKey = "reward"
-        terminated: NestedKey = "terminated"
-        stored: NestedKey = STORED
+        value_target: NestedKey = (STORED, "vtbc")
+        q_ret: NestedKey = (STORED, "qret")
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
-    value_keys = ("state_value", "next_state_value")
+    value_keys = ("state_value",)
 
     def __init__(
         self,
         network: TensorDictModule | TensorDictSequential,
-        normalizer: Standardize,
         *,
-        gamma: float,
-        n_start: int,
         lr: float,
         C: float = 4.0,
         A: float = 5e-7,
@@ -326,57 +213,21 @@ class VRACERLoss(ReplayLoss):
         rule2: bool = True,
         steps_per_update: float = 1.0,
         truncation: float = 3.0,
-        reward_scale_interval: int = 1000,
-        epsilon: float = 1e-7,
         network_call: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
     ):
         super().__init__()
         self.network = network
         self._network = NetworkCall(network)  # on tensors when its modules allow (common.TensorCall)
         self.network_call = network_call
-        self.normalizer = normalizer
         self.refer = ReFER(C=C, A=A, D=D, lr=lr, rule1=rule1, rule2=rule2)
-        self.gamma = gamma
-        self.n_start = n_start
         self.steps_per_update = steps_per_update
         self.truncation = truncation
         self._log_z = truncation_log_z(truncation)
-        self.reward_scale_interval = reward_scale_interval
-        self.epsilon = epsilon
         self.seq_len = 1
-        self.register_buffer("reward_scale", torch.tensor(1.0))  # sigma_r (eq. 16)
-        self.register_buffer("fitted", torch.tensor(False))  # state/reward statistics fitted (Alg. 1)
-        self.register_buffer("updates", torch.tensor(0, dtype=torch.long))  # gradient steps k
         self._pending_updates = 0.0  # gradient steps owed to the env steps collected (F, App. A)
-        self.stored = SlotEstimates()  # V, rho, V(s_{k+1}), r and terminal of every stored step, by slot
-        self._far = FarPolicyCount()  # eq. 12's far-policy count over the stored rho
-        self._recursion: EpisodeRecursion | None = None  # eq. 8 over the stored steps (None: to be built)
-        self._drawn: tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | slice] | None = None  # see before_update
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
-        """No value estimator object: the V^tbc recursion runs on the replay's stored estimates."""
-
-    def _stored_key(self, name: str) -> NestedKey:
-        root = self.tensor_keys.stored
-        return (*root, name) if isinstance(root, tuple) else (root, name)
-
-    def get_extra_state(self) -> dict:
-        """The stored estimates (:class:`SlotEstimates`) go into the loss's checkpoint."""
-        return self.stored.state()
-
-    def set_extra_state(self, state: dict | None) -> None:
-        """``None``: a checkpoint without stored estimates (written before they moved into the loss); they are
-        recomputed with the current network for every stored step at the next :meth:`sync`, as Algorithm 1
-        recomputes them after fitting."""
-        self.stored = SlotEstimates()
-        if state is not None:
-            self.stored.load_state(state)
-        self._far = FarPolicyCount()
-        self._recursion = self._drawn = None
-
-    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
-        state_dict.setdefault(f"{prefix}_extra_state", None)  # see set_extra_state
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        """No value estimator object: ``V^tbc`` and ``Q^ret`` come with the batch."""
 
     @property
     def in_keys(self) -> list[NestedKey]:
@@ -387,13 +238,13 @@ class VRACERLoss(ReplayLoss):
             (keys.behaviour, "loc"),
             (keys.behaviour, "scale"),
             keys.behaviour_log_prob,
-        ]  # and the stored V^tbc, Q^ret and V(s_{k+1}), which before_update adds (they are not gathered with the batch)
+        ]  # and V^tbc, Q^ret, which VRACEREstimates.before_update adds (they are not gathered with the batch)
 
     @property
     def out_keys(self) -> list[str]:
         return [
-            "loss_objective", "loss_critic", "loss_kl", "rho", "state_value", "next_state_value", "kl",
-            "far_batch", "far_fraction", "beta", "c_max", "reward_scale", "policy_std",
+            "loss_objective", "loss_critic", "loss_kl", "rho", "state_value", "kl", "far_batch", "far_fraction",
+            "beta", "c_max", "policy_std",
         ]
 
     # ------------------------------------------------------------------ network evaluations
@@ -415,19 +266,28 @@ class VRACERLoss(ReplayLoss):
         log_pi = truncated_normal_log_prob(td.get(keys.action), loc, scale, self._log_z)
         return (log_pi - td.get(keys.behaviour_log_prob).reshape(log_pi.shape)).unsqueeze(-1)
 
-    @torch.no_grad()
-    def _next_value(self, td: TensorDictBase) -> torch.Tensor:
-        """``V(s_{k+1})`` from ``("next", observation)`` (bootstrap of an episode's last stored step)."""
-        return self._outputs(td.get("next"))[0]
+    @property
+    def fresh_estimate_keys(self) -> list[NestedKey]:
+        """What :meth:`fresh_estimates` reads of a step."""
+        keys = self.tensor_keys
+        observations = self.network.in_keys
+        return [*observations, *[("next", k) for k in observations], keys.action, keys.behaviour_log_prob]
 
     @torch.no_grad()
-    def _fresh_estimates(self, td: TensorDictBase) -> dict[str, torch.Tensor]:
-        """``V(s_k)``, ``rho_k``, ``V(s_{k+1})`` of the current network for the steps of ``td``, each ``[*td.shape]``
-        on the CPU (beside the replay, whatever the learner's device)."""
-        td = td.to(self.reward_scale.device)
+    def next_value(self, td: TensorDictBase) -> torch.Tensor:
+        """``V(s_{k+1})`` from ``("next", observation)``, ``[*td.shape, 1]`` on the loss's device (eq. 8's bootstrap
+        at an episode's last stored step)."""
+        return self._outputs(td.get("next").to(self.refer.beta.device))[0]
+
+    @torch.no_grad()
+    def fresh_estimates(self, td: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` of the current network for the steps of ``td`` (its
+        :attr:`fresh_estimate_keys`), each ``[*td.shape]`` on the CPU: what Algorithm 1 stores with a new step and
+        eq. 8 runs over."""
+        td = td.to(self.refer.beta.device)
         value, loc, scale = self._outputs(td)
-        fresh = {VALUE: value, RHO: self._log_rho(td, loc, scale).exp(), NEXT_VALUE: self._next_value(td)}
-        return {name: value.reshape(td.shape).cpu() for name, value in fresh.items()}
+        fresh = value, self._log_rho(td, loc, scale).exp(), self.next_value(td)
+        return tuple(x.reshape(td.shape).cpu() for x in fresh)
 
     # ------------------------------------------------------------------ loss
     def forward(self, td: TensorDictBase) -> TensorDictBase:
@@ -471,7 +331,7 @@ class VRACERLoss(ReplayLoss):
             log_rho = self._log_rho(td, loc, scale)
         loss_objective, loss_critic, loss_kl, kl, near, *partials = terms(
             value, loc, scale, log_rho, td.get(keys.action), mu.get("loc"), mu.get("scale"),
-            td[self._stored_key(VTBC)], td[self._stored_key(QRET)],  # added by before_update
+            td.get(keys.value_target), td.get(keys.q_ret),
             self.refer, mask := padding_mask(td),
         )
         out = TensorDict(
@@ -479,16 +339,14 @@ class VRACERLoss(ReplayLoss):
                 "loss_objective": loss_objective,
                 "loss_critic": loss_critic,
                 "loss_kl": loss_kl,
-                # per-step fresh estimates, written back by after_update (their means are logged)
+                # per-step fresh estimates (their means are logged; VRACEREstimates.after_update writes them back)
                 "rho": log_rho.exp(),
                 "state_value": value.detach(),
-                "next_state_value": td[self._stored_key(NEXT_VALUE)],  # fresh where eq. 8 reads it (before_update)
                 "kl": masked_mean(kl, mask),
                 "far_batch": masked_mean((~near).float(), mask),
                 "far_fraction": self.refer.far_fraction.clone(),
                 "beta": self.refer.beta.clone(),
                 "c_max": torch.tensor(self.refer.c_max),
-                "reward_scale": self.reward_scale.clone(),
                 "policy_std": scale.detach().mean(),  # env units, mean over action dims
             },
             batch_size=[],
@@ -512,201 +370,3 @@ class VRACERLoss(ReplayLoss):
     def lr_scale(self) -> float:
         """``eta(t) / eta`` of eq. 13."""
         return self.refer.lr_scale
-
-    def after_extend(self, batch: TensorDictBase, slots: torch.Tensor, replay: EpisodeStore) -> None:
-        """The new steps' estimates (:meth:`sync`); once ``n_start`` steps are stored, the state and reward
-        statistics are fitted and every stored value recomputed (Algorithm 1)."""
-        self.sync(replay)
-
-    def sync(self, replay: EpisodeStore) -> None:
-        """Estimates for the steps written into ``replay`` since the last look (the loss's own collected ones,
-        or, in a shared replay, anyone's): ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` of the current network (what
-        Algorithm 1 stores with a new step), with their reward and terminal flag."""
-        new = self.stored.sync(replay)
-        if new is None:
-            return
-        if new.numel():
-            self._store_fresh(replay, new)
-        if self._recursion is not None:  # episodes were added or evicted
-            self._recursion.refresh(self.stored.links, new, self._eq8_maps_at)
-        if not bool(self.fitted) and self.stored.links.alive.sum() >= self.n_start:
-            self._fit(replay)
-
-    def _store_fresh(self, replay: EpisodeStore, slots: torch.Tensor) -> None:
-        keys = self.tensor_keys
-        steps = replay.gather(slots, [*self._estimate_keys(), ("next", keys.reward), ("next", keys.terminated)])
-        self.stored.write(
-            slots,
-            **self._fresh_estimates(steps),
-            **{REWARD: steps.get(("next", keys.reward)), TERMINAL: steps.get(("next", keys.terminated))},
-        )
-
-    def _estimate_keys(self) -> list[NestedKey]:
-        """What :meth:`_fresh_estimates` reads of a stored step."""
-        keys = self.tensor_keys
-        return [*self.network.in_keys, *[("next", k) for k in self.network.in_keys], keys.action, keys.behaviour_log_prob]
-
-    def before_update(self, sample: TensorDictBase, replay: EpisodeStore) -> TensorDictBase:
-        """Adds the sampled steps' ``V^tbc`` and ``Q^ret`` (:meth:`estimates`) and the ``V(s_{k+1})`` to write
-        back (:meth:`_bootstrap_values`) under the stored root.
-
-        In a shared replay the other agents write while this one draws: a step replaced in its slot between the
-        draw and this look (the sample holds the old step, the stored estimates are now the new one's) is masked
-        out of this update and not written back (:meth:`_still_stored`)."""
-        self.sync(replay)  # in a shared replay, steps others wrote since this loss's last look
-        slots = as_array(sample.get(SLOT_KEY)).reshape(-1)
-        kept = self._still_stored(sample, slots)
-        if isinstance(kept, np.ndarray):
-            sample.set(MASK_KEY, torch.from_numpy(kept).reshape(sample.shape).to(sample.device))
-        terms = self._eq8_terms(slots)
-        v_tbc, q_ret = self._targets(slots, terms)
-        next_value = self._bootstrap_values(replay, slots, terms)
-        self._drawn = slots, terms, kept  # after_update's eq. 8 maps: these steps' terms with the written-back values
-        for name, value in ((VTBC, v_tbc), (QRET, q_ret), (NEXT_VALUE, next_value)):
-            sample.set(self._stored_key(name), torch.from_numpy(value).reshape(*sample.shape, 1).to(sample.device))
-        return sample
-
-    def _still_stored(self, sample: TensorDictBase, slots: np.ndarray) -> np.ndarray | slice:
-        """Which sampled steps still hold their slots as of the last :meth:`sync` (bool ``[k]``), or
-        ``slice(None)`` when all do (always, but in a shared replay): the write that stored each when it was
-        drawn (``"write_index"``, set by the replay's ``sample_steps``; a batch without it is taken as current)
-        against the last write into its slot."""
-        drawn_as = sample.get(WRITE_KEY, None)
-        if drawn_as is None:
-            return slice(None)
-        kept = write_index(slots, self.stored.synced, self.stored.capacity) == as_array(drawn_as).reshape(-1)
-        return slice(None) if kept.all() else kept
-
-    @torch.no_grad()
-    def _bootstrap_values(self, replay: EpisodeStore, slots: np.ndarray, terms: dict[str, np.ndarray]) -> np.ndarray:
-        """``V(s_{k+1})`` of the sampled steps to write back, ``[k, 1]`` on the CPU: the current network's where
-        ``k`` is its episode's last stored step and not terminal (eq. 8's bootstrap: the only place the stored
-        ``V(s_{k+1})`` is read), the stored one elsewhere. Evaluated before the optimiser step, as Algorithm 3's
-        write-back of the values of its gradient pass; ``s_{k+1}`` gathered and evaluated for those few steps
-        only, not for every step of the batch."""
-        values = terms["next_value"].copy()
-        rows = np.flatnonzero(terms["last"] & ~terms["terminal"])
-        if rows.size:
-            ends = replay.gather(torch.from_numpy(slots[rows]), [("next", k) for k in self.network.in_keys])
-            values[rows] = as_array(self._next_value(ends.to(self.reward_scale.device))).reshape(-1)
-        return values
-
-    def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay: EpisodeStore) -> None:
-        """Algorithm 3's write-back, the ``sigma_r`` refresh (Algorithm 1) and ReF-ER's ``beta`` (eq. 12).
-
-        The sampled steps get the fresh ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` of this update (the last
-        is used only at an episode's last stored step: the bootstrap of eq. 8 there), except those replaced
-        before :meth:`before_update` looked. (A step replaced after it looked gets the new step's estimates
-        at the next :meth:`sync`, which overwrites what is written here.)"""
-        slots, drawn, kept = self._drawn_for(sample)
-        slots = slots[kept]
-        fresh = {name: as_array(output.get(out_key)).reshape(-1)[kept] for name, out_key in _WRITTEN_BACK.items()}
-        version = self.stored.version
-        self.stored.write(slots, **fresh)
-        self._far.rewritten(slots, self.stored.array(RHO), version, self.stored.version)
-        if self._recursion is not None:
-            # eq. 8's terms at the written slots: before_update's (reward, episode end, terminal: unchanged)
-            # with the stored V, rho and V(s_{k+1}) now written back
-            drawn = {name: value[kept] for name, value in drawn.items()}
-            self._recursion.set(slots, *self._eq8_maps({**drawn, **self._written_terms(slots, drawn["terminal"])}))
-        self.updates += 1
-        if int(self.updates) % self.reward_scale_interval == 0:
-            self._rescale_rewards()
-        rho, alive = self.stored.written(RHO)  # eq. 12's n_far / N over the replay's latest weights
-        self.refer.step_beta(self._far.share(rho.numpy(), alive.numpy(), self.refer.c_max, self.stored.version))
-
-    def _drawn_for(self, sample: TensorDictBase) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | slice]:
-        """:meth:`before_update`'s slots, eq. 8 terms and kept rows for ``sample``."""
-        if self._drawn is None or not np.array_equal(self._drawn[0], as_array(sample.get(SLOT_KEY)).reshape(-1)):
-            raise RuntimeError("VRACERLoss.after_update: the sample is not the one before_update prepared")
-        return self._drawn
-
-    # ------------------------------------------------------------------ stored estimates
-    def _eq8_terms(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        """What eq. 8 reads at ``slots``, each ``[k]``: the stored ``V`` and ``rhō = min(1, rho)``, the
-        reward scaled by ``sigma_r`` (App. B), whether the step is its episode's last stored one, and the
-        bootstrap there (0 when terminal, else the stored ``V(s_{k+1})``). In NumPy, as the rest of the
-        stored-estimate bookkeeping: a few hundred entries an update, where a NumPy call costs ~1 us and a
-        torch call ~5 (the same float32 arithmetic)."""
-        terminal = self.stored.array(TERMINAL)[slots]
-        return {
-            "reward": self.stored.array(REWARD)[slots] / (float(self.reward_scale) + self.epsilon),
-            "last": self.stored.links.next.numpy()[slots] < 0,
-            "terminal": terminal,
-            **self._written_terms(slots, terminal),
-        }
-
-    def _written_terms(self, slots: np.ndarray, terminal: np.ndarray) -> dict[str, np.ndarray]:
-        """The terms of :meth:`_eq8_terms` that the write-back changes: the stored ``V``, ``rhō`` and ``V(s_{k+1})``,
-        and the bootstrap (0 where ``terminal``)."""
-        value, rho, next_value = (self.stored.array(name)[slots] for name in (VALUE, RHO, NEXT_VALUE))
-        bootstrap = np.where(terminal, 0.0, next_value)
-        return {"value": value, "rho_bar": np.minimum(rho, 1.0), "next_value": next_value, "bootstrap": bootstrap}
-
-    def _eq8_maps(self, terms: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Eq. 8 as ``V^tbc_t = a_t V^tbc_{t+1} + b_t``: ``a_t = gamma rhō_t``, ``b_t = (1 - rhō_t) V_t +
-        rhō_t r_{t+1}``; at an episode's last stored step ``a = 0`` and ``b`` adds ``rhō gamma V_boot``."""
-        rho_bar, last = terms["rho_bar"], terms["last"]
-        q_end = terms["reward"] + self.gamma * np.where(last, terms["bootstrap"], 0.0)
-        a = np.where(last, 0.0, self.gamma * rho_bar)
-        b = (1.0 - rho_bar) * terms["value"] + rho_bar * q_end
-        return a, b
-
-    def _eq8_maps_at(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`_eq8_maps` of the stored steps ``slots``."""
-        return self._eq8_maps(self._eq8_terms(slots))
-
-    def _stored_recursion(self) -> EpisodeRecursion:
-        """Eq. 8's maps of every stored step in episode order, in a segment tree; built at the first query (and after
-        every stored value changed: fitting, a new ``sigma_r``), then kept current by :meth:`sync` (steps stored or
-        evicted) and :meth:`after_update` (values written back)."""
-        if self._recursion is None:
-            self._recursion = EpisodeRecursion(self.stored.links, self._eq8_maps_at)
-        return self._recursion
-
-    @torch.no_grad()
-    def estimates(self, replay: EpisodeStore, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``V^tbc_k`` and ``Q^ret_k`` of the stored steps ``slots`` (``[k]``), each ``[k, 1]``.
-
-        Eq. 8, ``V^tbc_t = V_t + rhō_t [r_{t+1} + gamma V^tbc_{t+1} - V_t]``, run backwards from the episode's
-        last stored step (bootstrap: 0 when terminal, else the stored ``V(s_{T})``) over the stored ``V`` and
-        ``rho``; ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 6 with ``Q := V``). These are the values
-        Algorithm 3 would hold for ``k``: it recomputes a step's ``V^tbc`` whenever a later step of its
-        episode is written back. ``V^tbc_{k+1}`` is the suffix of the episode-ordered recursion
-        (:class:`EpisodeRecursion`, the episode's last step cutting it), O(log n) per step instead of the
-        O(episode) of a backward pass."""
-        self.sync(replay)
-        slots = as_array(slots)
-        return tuple(torch.from_numpy(x).unsqueeze(-1) for x in self._targets(slots, self._eq8_terms(slots)))
-
-    def _targets(self, slots: np.ndarray, terms: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`estimates` from the eq. 8 terms of ``slots``, each ``[k]``."""
-        after = self._stored_recursion().suffix_after(slots).numpy().astype(terms["value"].dtype)  # V^tbc_{k+1}
-        q_ret = terms["reward"] + self.gamma * np.where(terms["last"], terms["bootstrap"], after)
-        v_tbc = terms["value"] + terms["rho_bar"] * (q_ret - terms["value"])
-        return v_tbc, q_ret
-
-    @torch.no_grad()
-    def _fit(self, replay: EpisodeStore) -> None:
-        """Algorithm 1's preparation: state statistics (eq. 14-15) and ``sigma_r`` (eq. 16) from the stored
-        steps, then every stored value recomputed with the standardised network."""
-        slots = self.stored.alive_slots()
-        steps = replay.gather(slots, self._estimate_keys())
-        self.normalizer.fit(steps.get("observation").flatten(1).float())
-        self.reward_scale.copy_(self._reward_rms())
-        self.stored.write(slots, **self._fresh_estimates(steps))
-        self._recursion = None
-        self.fitted.fill_(True)
-
-    def _reward_rms(self) -> torch.Tensor:
-        """``sigma_r = sqrt(mean_t r_{t+1}^2)`` over the stored steps (eq. 16)."""
-        reward, alive = self.stored.written(REWARD)
-        return reward[alive].float().pow(2).mean().sqrt()
-
-    @torch.no_grad()
-    def _rescale_rewards(self) -> None:
-        """Recompute ``sigma_r`` (eq. 16) and convert the stored values to the new reward units."""
-        new = float(self._reward_rms())
-        self.stored.scale((float(self.reward_scale) + self.epsilon) / (new + self.epsilon), VALUE, NEXT_VALUE)
-        self.reward_scale.fill_(new)
-        self._recursion = None

@@ -1,0 +1,138 @@
+"""The four losses on their own (issue 47): each built from its networks outside the trainer and the replay, on a
+hand-made TensorDict of steps that end terminated, truncated or not at all, gives the numbers the pipeline's update
+(``Trainer.update``: the agent's hooks, the replay, ``forward_backward``) gives on the same steps. V-RACER's
+``V^tbc`` and ``Q^ret`` come from :func:`episode_targets` on one side and from the agent's stored estimates
+(:class:`VRACEREstimates`, over the replay) on the other."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from acer_torchrl.algorithms import get_algorithm, loss_options
+from acer_torchrl.config import load_config
+from acer_torchrl.objectives import ACERLoss, LASERLoss, ReactorLoss, VRACERLoss
+from acer_torchrl.objectives.common import objective
+from acer_torchrl.objectives.vracer_estimates import episode_targets
+from acer_torchrl.trainer import Trainer
+
+T = 8
+# envs of T steps; each row a list of (traj_id, n_steps, end): the first row's episode terminates and the next
+# goes on, the second row's is truncated and the next goes on
+ROWS = [[(1, 5, "terminated"), (2, 3, None)], [(3, 4, "truncated"), (4, 4, None)]]
+# Reactor's replayed sequences never cross an episode's end (EpisodeReplay.sample_sequences): one episode a row
+WHOLE_ROWS = [[(1, T, "terminated")], [(2, T, "truncated")], [(3, T, None)]]
+
+
+def pipeline(algo: str, preset: str, tmp_path, *overrides: str) -> Trainer:
+    cfg = load_config(algo, [f"preset={preset}", "gamma=0.9", f"replay.seq_len={T}", "replay.min_size=16",
+                             "collector.workers=0", "log.progress=false", f"run_dir={tmp_path / 'run'}", *overrides])
+    return Trainer(cfg)
+
+
+def hand_made(trainer: Trainer, rows: list = ROWS, seed: int = 0) -> TensorDict:
+    """A collected ``[len(rows), T]`` batch of ``rows``, acted by the agent's policy (its behaviour statistics)."""
+    g = torch.Generator().manual_seed(seed)
+    traj, init, terminated, truncated = [], [], [], []
+    for row in rows:
+        traj.append([tid for tid, n, _ in row for _ in range(n)])
+        init.append([t == 0 for _, n, _ in row for t in range(n)])
+        terminated.append([t == n - 1 and end == "terminated" for _, n, end in row for t in range(n)])
+        truncated.append([t == n - 1 and end == "truncated" for _, n, end in row for t in range(n)])
+    terminated, truncated = torch.tensor(terminated).unsqueeze(-1), torch.tensor(truncated).unsqueeze(-1)
+    obs_shape = trainer.info.obs_shape
+    shape = (len(rows), T)
+    td = TensorDict({
+        "observation": torch.randn(*shape, *obs_shape, generator=g),
+        "is_init": torch.tensor(init).unsqueeze(-1),
+        ("collector", "traj_ids"): torch.tensor(traj),
+        ("next", "observation"): torch.randn(*shape, *obs_shape, generator=g),
+        ("next", "reward"): torch.randn(*shape, 1, generator=g),
+        ("next", "terminated"): terminated,
+        ("next", "truncated"): truncated,
+        ("next", "done"): terminated | truncated,
+    }, batch_size=shape)
+    with torch.no_grad():
+        trainer.agent.policy(td)
+    return td.exclude(*trainer.agent.activation_keys)
+
+
+def standalone_loss(trainer: Trainer, networks: tuple, **given) -> torch.nn.Module:
+    """The pipeline's loss class built anew from (copies of) its networks, with the options of its config, then given
+    the pipeline loss's state (average / target networks, ReF-ER's step count)."""
+    loss_cls = type(trainer.loss)
+    algorithm = get_algorithm(trainer.cfg.loss)
+    options = loss_options(trainer.cfg.algo, loss_cls, algorithm.build_reads, **given)
+    loss = loss_cls(*copy.deepcopy(networks), **options)
+    loss.load_state_dict(trainer.loss.state_dict())
+    return loss
+
+
+def assert_same_numbers(loss: torch.nn.Module, td: TensorDict, stats: dict[str, float]) -> None:
+    """``loss`` on ``td`` (autograd) against the pipeline update's statistics: every output entry's mean and the
+    gradient's norm."""
+    out = loss(td)
+    objective(out).backward()
+    grads = [p.grad for p in loss.parameters() if p.grad is not None]
+    assert grads
+    mine = {k: float(v.detach().float().mean()) for k, v in out.items()}
+    mine["grad_norm"] = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    assert set(mine) <= set(stats)
+    for name, value in mine.items():
+        assert stats[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+
+
+@pytest.mark.parametrize("algo", ["acer", "laser", "reactor"])
+def test_a_sequence_loss_on_a_hand_made_batch_gives_the_pipelines_numbers(tmp_path, algo):
+    trainer = pipeline(algo, "cartpole", tmp_path)
+    loss = trainer.loss
+    common = dict(gamma=0.9, seq_len=T, hidden_keys=[])
+    if isinstance(loss, ACERLoss):
+        standalone = standalone_loss(trainer, (loss.actor_network, loss.critic_network, None), discrete=True,
+                                     on_policy=True, **common)
+    elif isinstance(loss, LASERLoss):
+        standalone = standalone_loss(trainer, (loss.network,), discrete=True, **common)
+    else:
+        assert isinstance(loss, ReactorLoss)
+        # Q: a branch of the network (copied together, it stays one); the preset learns mu-hat (sec. 3.2)
+        standalone = standalone_loss(trainer, (loss.network, loss.q_network), learned_behaviour=True, **common)
+    td = hand_made(trainer, WHOLE_ROWS if algo == "reactor" else ROWS)
+    stats = trainer.update(td.clone())
+    assert_same_numbers(standalone, td, stats)
+
+
+def test_vracer_loss_on_targets_from_episode_targets_gives_the_pipelines_numbers(tmp_path):
+    """V-RACER built from its network alone, on the hand-made steps with ``V^tbc`` and ``Q^ret`` of
+    :func:`episode_targets` (eq. 8 over each episode's ``V`` and ``rho``; bootstrap 0 after the terminated step,
+    ``V(s_T)`` after the truncated and the open ones), against the pipeline's update on the same steps stored in its
+    replay, where the agent's stored estimates give the targets."""
+    trainer = pipeline("vracer", "pendulum", tmp_path, "replay.seq_len=1")
+    batch = trainer.loss.preprocess(hand_made(trainer))
+    slots = trainer.replay.extend(batch)  # what Trainer.store does, with the slots
+    trainer.agent.after_extend(trainer.replay)  # 16 steps stored: the state and reward statistics are fitted
+    estimates = trainer.agent.estimates
+    assert bool(estimates.fitted)
+    standalone = standalone_loss(trainer, (trainer.loss.network,), lr=trainer.cfg.optim.lr)
+    steps = batch.reshape(-1)
+    value, rho, next_value = standalone.fresh_estimates(steps)
+    reward = steps["next", "reward"].reshape(-1) / (float(estimates.reward_scale) + estimates.epsilon)
+    v_tbc, q_ret, start = [], [], 0
+    for _, n, end in [episode for row in ROWS for episode in row]:
+        last = start + n - 1
+        bootstrap = 0.0 if end == "terminated" else float(next_value[last])
+        for out, x in zip((v_tbc, q_ret), episode_targets(value[start:last + 1], rho[start:last + 1],
+                                                          reward[start:last + 1], bootstrap, trainer.cfg.gamma)):
+            out.append(x)
+        start = last + 1
+    td = steps.select(*standalone.in_keys)
+    td[standalone.tensor_keys.value_target] = torch.cat(v_tbc).unsqueeze(-1)
+    td[standalone.tensor_keys.q_ret] = torch.cat(q_ret).unsqueeze(-1)
+
+    pipeline_batch = trainer.agent.before_update(trainer.replay.gather(slots, trainer.loss.in_keys), trainer.replay)
+    for key in (standalone.tensor_keys.value_target, standalone.tensor_keys.q_ret):
+        torch.testing.assert_close(pipeline_batch[key], td[key], rtol=1e-5, atol=1e-6)
+    stats = trainer.update(trainer.replay.gather(slots, trainer.loss.in_keys))
+    assert_same_numbers(standalone, td, stats)
