@@ -79,7 +79,8 @@ def probe_registered(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"{Path(__file__).parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
 
 
-@pytest.mark.parametrize("workers, lstm", [pytest.param(2, False, marks=pytest.mark.integration), (0, True)])
+@pytest.mark.integration
+@pytest.mark.parametrize("workers, lstm", [(2, False), (0, True)])
 def test_end_to_end_run_leaves_the_run_directory_contract(tmp_path, probe_registered, workers, lstm):
     cpu_before = time.process_time()
     summary = run("probe", [f"run_dir={tmp_path}", "total_frames=640", f"collector.workers={workers}",
