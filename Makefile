@@ -1,10 +1,11 @@
-# Two commands a new user needs: `make train` and `make test`. Both create .venv on first use.
+# Two commands a new user needs: `make train` and `make test` (`make test-all`: every test, as CI runs them).
+# All create .venv on first use.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test install clean
+.PHONY: train test test-all install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +20,13 @@ install: $(STAMP)
 train: $(STAMP)
 	$(PY) recipes/acer.py $(ARGS)
 
+# the markers (pyproject.toml) of what `make test` leaves to `make test-all`
+FAST := not slow and not integration and not gpu and not slurm
+
 test: $(STAMP)
+	$(PY) -m pytest -m "$(FAST)" $(PYTEST_ARGS)
+
+test-all: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -88,6 +88,7 @@ def recurrent_run(request):
         assert {key: os.environ.get(key) for key in RemoteCollector.RENDEZVOUS} == rendezvous
 
 
+@pytest.mark.integration
 def test_batches_are_env_major_with_unique_trajectory_ids(recurrent_run):
     collector, _, batches, _ = recurrent_run
     steps_of = {}  # traj id -> step counts seen under it
@@ -109,6 +110,7 @@ def test_batches_are_env_major_with_unique_trajectory_ids(recurrent_run):
         assert steps == list(range(steps[0], steps[0] + len(steps))), f"trajectory id {i} is shared"
 
 
+@pytest.mark.integration
 def test_recurrent_state_is_in_every_step(recurrent_run):
     _, _, batches, _ = recurrent_run
     for batch in batches:
@@ -121,6 +123,7 @@ def test_recurrent_state_is_in_every_step(recurrent_run):
         assert next_h.abs().sum() > 0
 
 
+@pytest.mark.integration
 def test_weight_push_changes_the_workers_policy(recurrent_run):
     collector, head, batches, stream = recurrent_run
     assert 0.2 < torch.cat([b["action"].float().flatten() for b in batches]).mean() < 0.8
@@ -150,6 +153,7 @@ def flat_weights(policy) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in policy.parameters()])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("acting", ["learner", "copy"])
 def test_workers_act_with_the_pushed_weights_bit_for_bit(acting):
     """After an optimiser step and a push, the workers act with exactly the learner's weights: ``learner``, the
@@ -235,6 +239,7 @@ EXIT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("ending", ["close", "leave-open"])
 def test_process_exits_without_hanging(tmp_path, ending):
     """torchrl 0.14 hangs at exit when a multi-process collector is left open; ours exits either way.
@@ -269,6 +274,7 @@ def collect_with_a_slow_learner(replay):
                 break
 
 
+@pytest.mark.integration
 def test_collector_never_drops_a_batch_while_the_learner_is_busy():
     """Every env step a worker runs reaches the learner: no ``step_count`` gap in any trajectory."""
     from acer_torchrl.replay import EpisodeReplay
@@ -279,6 +285,7 @@ def test_collector_never_drops_a_batch_while_the_learner_is_busy():
     assert replay.steps_missing == 0
 
 
+@pytest.mark.integration
 def test_replay_never_bridges_the_batches_the_async_collector_drops(monkeypatch):
     """With TorchRL 0.14's own one-slot output queue the slow learner makes workers drop batches. Those
     steps never arrive: the replay sees the ``step_count`` gap, counts the steps and cuts the trajectory

@@ -92,6 +92,7 @@ def test_resume_of_a_directory_without_run_says_so(tmp_path):
         load_config("acer", [f"resume={tmp_path}"])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("override, start", [
     ("optim.lrr=1", "error: unknown config key 'optim.lrr'; did you mean optim.lr"),
     ("acer.replay_ration=4", "error: unknown config key 'acer.replay_ration'; did you mean acer.replay_ratio"),

@@ -37,6 +37,7 @@ def test_cartpole_keeps_the_registered_time_limit_by_default():
     env.close()
 
 
+@pytest.mark.integration
 def test_ale_py_is_imported_only_when_an_atari_id_is_asked_for():
     """A fresh process: a CartPole env leaves ale-py unimported (~0.2 s in every worker); an Atari id that
     gymnasium does not know yet, in either of ale-py's namings, registers them on demand."""

@@ -53,6 +53,7 @@ def test_final_window_steps():
     assert final_window_steps(1000) == [900, 950, 1000]
 
 
+@pytest.mark.integration
 def test_short_run_evaluates_three_times_in_its_final_window(tmp_path):
     """With evaluations far apart (eval.interval beyond the run) the trainer still evaluates at 90, 95 and
     100 % of total_frames, and summary.json carries the final score, the last evaluation and their count; the
@@ -132,6 +133,7 @@ class Lean(torch.nn.Module):
         return self.score(observation).argmax(-1)
 
 
+@pytest.mark.integration
 def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked_with():
     """The evaluation process plays the same games from the same seed as the learner would, on a copy of the
     weights taken when asked (the learner changes them right after, and the process's loading them leaves the
@@ -166,6 +168,7 @@ def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked
         background.close()
 
 
+@pytest.mark.integration
 def test_a_failing_evaluation_process_raises_on_the_learner():
     from acer_torchrl.envs import make_env_fn
 

@@ -32,6 +32,7 @@ from acer_torchrl.objectives.common import policy_distribution
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask
 from acer_torchrl.replay import EpisodeReplay
 from planted import plant_pickle
+from process_group import signal_group, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,17 +79,22 @@ def probe_registered(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"{Path(__file__).parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("workers, lstm", [(2, False), (0, True)])
 def test_end_to_end_run_leaves_the_run_directory_contract(tmp_path, probe_registered, workers, lstm):
+    cpu_before = time.process_time()
     summary = run("probe", [f"run_dir={tmp_path}", "total_frames=640", f"collector.workers={workers}",
                             f"network.lstm={str(lstm).lower()}", "network.lstm_hidden=8", "eval.interval=320", *FAST])
+    cpu_used = time.process_time() - cpu_before
     for key in ("algorithm", "env", "env_steps", "eval_return_mean", "eval_return_std", "wall_time_s",
                 "env_steps_per_s", "collector_dropped_steps"):
         assert key in summary
     assert summary["algorithm"] == "probe" and summary["env"] == "CartPole-v1"
     assert summary["env_steps"] >= 640 and summary["updates"] > 0
-    # the learner's CPU share of the loop; collecting in its own process too (workers=0), it is busy most of it
-    assert summary["learner_cpu_per_wall_s"] > (0.3 if workers == 0 else 0.0)
+    # the learner's CPU seconds (this process's, in the loop) per wall second: some, and no more than this process
+    # spent in the whole run (not a share under load, which another process on the cores can push anywhere)
+    learner_cpu_s = summary["learner_cpu_per_wall_s"] * summary["wall_time_s"]
+    assert 0 < learner_cpu_s <= cpu_used + 0.05, (learner_cpu_s, cpu_used)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     for name in ("config.yaml", "metrics.csv", "learning_curve.png", "checkpoint/state.pt"):
         assert (tmp_path / name).is_file(), name
@@ -99,6 +105,7 @@ def test_end_to_end_run_leaves_the_run_directory_contract(tmp_path, probe_regist
     assert "loss_probe" in rows[0] and "eval_return_mean" in rows[0]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("lstm", [False, True])
 def test_replay_keeps_behaviour_statistics_but_not_the_policy_activations(tmp_path, probe_registered, lstm):
     from acer_torchrl.config import load_config
@@ -117,6 +124,7 @@ def test_replay_keeps_behaviour_statistics_but_not_the_policy_activations(tmp_pa
         assert "recurrent_state_h" in stored.keys() and ("next", "recurrent_state_h") in stored.keys(True)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("memmap", [False, True], ids=["in-RAM", "memmap"])
 def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_registered, memmap):
     """SIGKILL a run after its first checkpoint; resume=<run_dir> continues from that checkpoint (with a memory-
@@ -127,12 +135,8 @@ def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_regi
             f"run_dir={tmp_path}", "total_frames=100000", "collector.workers=2", "log.checkpoint_interval=256",
             "eval.interval=100000", f"replay.memmap={str(memmap).lower()}", *FAST]
     proc = subprocess.Popen(args, cwd=tmp_path, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ)
-    deadline = time.time() + 120
-    while not (tmp_path / "checkpoint" / "counters.json").exists():
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.time() < deadline, "no checkpoint within 120 s"
-        time.sleep(0.2)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ)
+    wait_for((tmp_path / "checkpoint" / "counters.json").exists, proc, 120)
     time.sleep(1.0)
     os.killpg(proc.pid, signal.SIGKILL)  # the run and its collector workers, at an arbitrary moment
     proc.wait()
@@ -170,6 +174,7 @@ def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_regi
     assert logged == sorted(set(logged)) and logged[-1] >= saved["env_steps"] + 320, "one row per logged step"
 
 
+@pytest.mark.integration
 def test_gpu_learners_acting_copy_is_written_in_place(tmp_path, probe_registered):
     """A GPU learner's acting copy (forced here on CPU): after each batch ``sync_acting_policy`` copies the learner's
     weights into the copy's own tensors, the shared memory the collector's workers act with
@@ -188,6 +193,7 @@ def test_gpu_learners_acting_copy_is_written_in_place(tmp_path, probe_registered
     assert (acting.data == learner.data).all() and not (acting.data == initial).all()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_checkpoints_and_says_how_to_resume_in_one_line(tmp_path, sig):
     """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM to the run's whole group (``kill -- -PGID``):
@@ -197,19 +203,10 @@ def test_signal_checkpoints_and_says_how_to_resume_in_one_line(tmp_path, sig):
             "collector.workers=2", "log.checkpoint_interval=64", "eval.interval=100000", *FAST]
     proc = subprocess.Popen(args, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=os.environ)
-    deadline = time.time() + 120
-    while not (tmp_path / "checkpoint" / "counters.json").exists():  # training, the handlers in place
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.time() < deadline, "no checkpoint within 120 s"
-        time.sleep(0.2)
-    os.killpg(proc.pid, sig)
-    try:
-        _, stderr = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
+    wait_for((tmp_path / "checkpoint" / "counters.json").exists, proc, 120)  # training, the handlers in place
+    returncode, stderr, _ = signal_group(proc, sig)
     steps = json.loads((tmp_path / "checkpoint" / "counters.json").read_text())["env_steps"]
-    assert proc.returncode == 128 + sig and "Traceback" not in stderr, stderr
+    assert returncode == 128 + sig and "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == (
         f"interrupted at {steps} env steps; continue with: python recipes/acer.py resume={tmp_path}"
     )
@@ -292,12 +289,14 @@ def test_gradients_clipped_at_max_grad_norm_and_the_norm_before_clipping_returne
     assert factor < 1.0 or max_norm == math.inf
 
 
+@pytest.mark.integration
 def test_progress_bar_names_the_evaluation_that_follows_its_100_percent(tmp_path, probe_registered, capsys):
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST, "log.progress=true"])
     bar = capsys.readouterr().err
     assert "greedy evaluation (1 episodes): 100%" in bar, bar
 
 
+@pytest.mark.integration
 def test_corrupt_checkpoint_is_one_clear_error(tmp_path, probe_registered):
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
     (tmp_path / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
@@ -306,6 +305,7 @@ def test_corrupt_checkpoint_is_one_clear_error(tmp_path, probe_registered):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.integration
 def test_checkpoint_of_another_loss_layout_names_the_keys(tmp_path, probe_registered):
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
     path = tmp_path / "checkpoint" / "state.pt"
@@ -320,6 +320,7 @@ def test_checkpoint_of_another_loss_layout_names_the_keys(tmp_path, probe_regist
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("damage, message", [
     (lambda data: data[:100], "observation.bin holds 100 bytes"),
     (lambda data: bytes(len(data)), "observation.bin fails its checksum"),
@@ -333,6 +334,7 @@ def test_damaged_replay_file_is_one_clear_error(tmp_path, probe_registered, dama
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.integration
 def test_resume_never_unpickles_a_file_planted_in_the_checkpoint(tmp_path, probe_registered):
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
     marker = tmp_path / "pickle-ran"
@@ -343,6 +345,7 @@ def test_resume_never_unpickles_a_file_planted_in_the_checkpoint(tmp_path, probe
     assert "\n" not in str(err.value) and not marker.exists()
 
 
+@pytest.mark.integration
 def test_resume_refuses_run_defining_changes_and_records_the_others(tmp_path, probe_registered):
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
     config = (tmp_path / "config.yaml").read_text()
@@ -370,6 +373,7 @@ def test_unknown_env_id_stops_before_any_work(tmp_path, probe_registered):
     assert "\n" not in str(err.value) and not (tmp_path / "config.yaml").exists()
 
 
+@pytest.mark.integration
 def test_recipe_reports_bad_env_as_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "acer.py"), "env.name=Nope-v0",
                            f"run_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
@@ -405,6 +409,7 @@ def test_slurm_preemption_signal_waits_for_the_batch_in_hand(monkeypatch):
         signal.signal(signal.SIGUSR2, previous)
 
 
+@pytest.mark.integration
 def test_resuming_a_finished_run_changes_nothing_and_says_how_to_go_on(tmp_path, probe_registered, capsys):
     from acer_torchrl.cli import main
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
@@ -18,6 +19,7 @@ from torchrl.modules import ProbabilisticActor
 from acer_torchrl.objectives import LASERLoss
 
 
+@pytest.mark.integration
 def test_the_losses_import_nothing_of_the_package_outside_objectives():
     names = ("acer", "laser", "reactor", "vracer", "vracer_estimates", "functional", "refer")
     modules = ", ".join(f"acer_torchrl.objectives.{m}" for m in names)
@@ -29,6 +31,8 @@ def test_the_losses_import_nothing_of_the_package_outside_objectives():
     assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout.strip() == "True"
 
 
+@pytest.mark.slow
+@pytest.mark.learning
 def test_laser_loss_learns_cartpole_in_a_plain_torchrl_loop():
     torch.manual_seed(0)
     env = TransformedEnv(GymEnv("CartPole-v1", categorical_action_encoding=True), RewardSum())

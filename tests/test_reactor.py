@@ -452,6 +452,7 @@ def test_config_errors_and_presets():
         build(cfg, info(discrete=False))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("recurrent_state", ["refresh", "zero"])
 def test_pomdp_preset_runs_with_three_lstms(tmp_path, recurrent_state):
     """The recurrent path end to end: Q, pi and mu-hat LSTMs, their states refreshed (or reset) by the replay."""
@@ -487,6 +488,7 @@ def test_reactor_learns_cartpole(tmp_path):
     assert summary["eval_return_mean"] >= 150, summary
 
 
+@pytest.mark.integration
 def test_resumed_run_keeps_the_target_copy_schedule(tmp_path):
     """The HardUpdate step counter is checkpointed: after resume= the next target copy comes on time."""
     from acer_torchrl.cli import run

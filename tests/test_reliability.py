@@ -18,6 +18,7 @@ from acer_torchrl.config import ConfigError
 from acer_torchrl.metrics import MetricsLog, save_learning_curve, write_summary
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.rundir import lock_run_dir
+from process_group import signal_group, wait_for
 
 RECIPE = str(Path(__file__).parents[1] / "recipes" / "acer.py")
 QUIET = ["preset=cartpole", "log.progress=false", "eval.episodes=2"]
@@ -29,18 +30,6 @@ def start_recipe(run_dir: Path, *overrides: str) -> subprocess.Popen:
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def signal_group(proc: subprocess.Popen, sig: int) -> tuple[int, str, float]:
-    """Send ``sig`` to the run's whole process group; returns its exit code, output and seconds to exit."""
-    sent = time.monotonic()
-    os.killpg(proc.pid, sig)
-    try:
-        output, _ = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    return proc.returncode, output, time.monotonic() - sent
-
-
 def last_line_alone(output: str) -> str:
     """The output's last line, checked to be the only one about the stop and to follow no traceback (the lines
     before it are the run's own, e.g. TorchRL's storage notices)."""
@@ -49,15 +38,7 @@ def last_line_alone(output: str) -> str:
     return lines[-1]
 
 
-def wait_for(condition, proc: subprocess.Popen, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.monotonic() < deadline, f"not reached within {seconds} s"
-        time.sleep(0.1)
-
-
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_a_group_signal_during_start_up_ends_at_once_with_one_line(tmp_path, sig, code):
     proc = start_recipe(tmp_path / "run", "total_frames=200000")
@@ -68,7 +49,7 @@ def test_a_group_signal_during_start_up_ends_at_once_with_one_line(tmp_path, sig
     assert not (tmp_path / "run" / "checkpoint").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_a_second_run_into_a_locked_run_dir_is_refused_with_one_line(tmp_path):
     run_dir = tmp_path / "run"
     first = start_recipe(run_dir, "total_frames=200000")
@@ -152,7 +133,7 @@ def test_a_full_disk_while_logging_metrics_warns_once_and_the_run_goes_on(small_
     assert len((small_disk / "metrics.csv").read_text().splitlines()) == 4  # the header and every row
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_a_run_whose_checkpoint_does_not_fit_ends_with_one_line(small_disk):
     run = subprocess.run([sys.executable, RECIPE, *QUIET, f"run_dir={small_disk}", "total_frames=2000",
                           "log.checkpoint_interval=500", "replay.capacity=20000"], capture_output=True, text=True,

@@ -509,6 +509,7 @@ class _RandomActions(torch.nn.Module):
         return torch.randint(self.n, observation.shape[:-3])
 
 
+@pytest.mark.integration
 def test_real_atari_stacks_come_back_from_the_frame_store():
     """ale-py's stacks as a real collector collects them (Breakout, episodic life: a new episode's first stack
     holds the lost life's frames; 60-step truncations; two games a worker) come back from the frame store bit

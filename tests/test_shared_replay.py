@@ -243,6 +243,7 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_two_processes_share_one_replay_over_gloo_and_rpc(tmp_path):
     import torch.multiprocessing as mp
 
@@ -267,6 +268,7 @@ VRACER_SMOKE = [
 ]
 
 
+@pytest.mark.integration
 def test_local_sweep_end_to_end(tmp_path):
     result = run(["agents=2", f"run_dir={tmp_path}", *SMOKE])
     assert [a["env_steps"] for a in result["agents"]] == [256, 256]
@@ -282,6 +284,7 @@ def test_local_sweep_end_to_end(tmp_path):
     assert "agent1_eval_return_mean" in header and "best_eval_return_mean" in header
 
 
+@pytest.mark.integration
 def test_local_vracer_sweep_end_to_end(tmp_path):
     """V-RACER agents in a shared-replay sweep: each keeps its own estimates of everyone's steps (test_vracer.py
     checks them); here the pipeline: both collect, both learn from both agents' data, lr differs, no entropy."""
@@ -297,6 +300,7 @@ def test_local_vracer_sweep_end_to_end(tmp_path):
         run(["agents=2", "loss=acer", f"run_dir={tmp_path / 'y'}"])
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("smoke", [SMOKE, VRACER_SMOKE], ids=["laser", "vracer"])
 def test_process_sweep_end_to_end(tmp_path, smoke):
@@ -309,6 +313,7 @@ def test_process_sweep_end_to_end(tmp_path, smoke):
         assert min(agent["replayed_share_by_agent"]) > 0
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_local_sweep_resumes_with_its_shared_replay(tmp_path):
     run(["agents=2", f"run_dir={tmp_path}", *SMOKE])

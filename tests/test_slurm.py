@@ -336,6 +336,7 @@ def test_sweep_is_the_cross_product():
             submit.parse_sweep(bad)
 
 
+@pytest.mark.integration
 def test_submit_rejects_user_mistakes_in_one_line(tmp_path):
     for args, message in (
         ([RECIPE, "optim.lrr=1", f"run_dir={tmp_path / 'a'}", "--local"], "optim.lrr"),
@@ -357,6 +358,7 @@ def run_submit_without_sbatch(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SUBMIT), *args], capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.integration
 def test_submit_without_slurm_says_so_in_one_line_after_checking_the_arguments(tmp_path):
     out = run_submit_without_sbatch([RECIPE, "preset=cartpole", f"run_dir={tmp_path / 'run'}"])
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "sbatch not found" in out.stderr, out.stderr

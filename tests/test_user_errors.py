@@ -125,6 +125,7 @@ def by_name(cases: list[tuple]):
     return pytest.mark.parametrize("overrides, fragment", [c[1:] for c in cases], ids=[c[0] for c in cases])
 
 
+@pytest.mark.integration
 @by_name(CASES)
 def test_bad_input_ends_before_any_work_with_one_line(tmp_path, overrides, fragment):
     args, cwd = case_args(tmp_path, overrides), tmp_path / "cwd"
@@ -165,6 +166,7 @@ def test_replay_too_large_for_the_memory_is_refused_before_it_is_allocated(monke
         replay.extend(batch)  # 100 000 steps of 1 KiB: do not fit
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("algo, presets, key", [
     ("acer", "cartpole, atari, atari_gpu, minatar, mujoco, pendulum (default cartpole)", "acer.replay_ratio=4.0"),
     ("reactor", "cartpole, cartpole_pomdp, atari, atari_gpu, minatar (default cartpole)", "reactor.pg=beta_loo"),
@@ -186,6 +188,7 @@ def test_help_lists_presets_and_keys_without_importing_torch(tmp_path, algo, pre
     assert lines[-1] == "torch imported: False"
 
 
+@pytest.mark.integration
 def test_runs_write_only_in_their_run_dir_and_never_into_an_old_run(tmp_path):
     cwd, run_dir = tmp_path / "cwd", tmp_path / "run"
     cwd.mkdir()
@@ -208,6 +211,7 @@ def test_runs_write_only_in_their_run_dir_and_never_into_an_old_run(tmp_path):
     assert (run_dir / "notes.txt").is_file() and not (run_dir / "tensorboard").exists()
 
 
+@pytest.mark.integration
 def test_a_diverging_run_says_so_in_the_log_and_in_its_summary(tmp_path):
     proc = recipe([*TINY, "total_frames=128", "optim.lr=1e3", f"run_dir={tmp_path / 'run'}"], tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
@@ -305,6 +309,7 @@ def fuzz_cases(n: int, seed: int, tmp_path: Path) -> list[list[str]]:
     return cases
 
 
+@pytest.mark.integration
 def test_fuzzed_overrides_run_or_fail_with_one_line(tmp_path):
     cases = fuzz_cases(50, seed=2024, tmp_path=tmp_path)
     proc = subprocess.run([sys.executable, "-c", FUZZ_DRIVER, json.dumps(cases), "20"], cwd=tmp_path, env=ENV,
@@ -321,6 +326,7 @@ def test_fuzzed_overrides_run_or_fail_with_one_line(tmp_path):
     assert codes.count(2) >= 10 and codes.count(0) >= 5, codes  # the fuzz reaches both ends
 
 
+@pytest.mark.integration
 def test_a_benchmark_refuses_to_overwrite_a_committed_result_before_any_run(tmp_path):
     """benchmarks/learning.py writes `<name>.json/.png` beside the committed rows: a second run under a taken
     name (a quick try with the default name) must not replace the files a committed row links to."""
