@@ -172,7 +172,7 @@ def test_discrete_gradient_wrt_phi_is_eq9(c):
     assert torch.all(g_policy[..., A:] == 0)  # the policy term does not touch Q
     assert torch.all(g_critic[..., :A] == 0)  # the critic term does not touch phi (V is a target)
     if c < 2:  # the batch exercises the truncation
-        assert 0 < float(out["truncated_share"]) < 1
+        assert 0 < float(out["rho_clipped_share"]) < 1
 
 
 def test_discrete_trust_region_projection_is_eq12():
@@ -210,7 +210,7 @@ def test_bias_correction_vanishes_when_every_rho_is_below_c():
     g_c, _, out = grads(discrete_loss(c=4.0, trust_region=False), td)
     g_inf, _, _ = grads(discrete_loss(c=1e9, trust_region=False), td)  # no truncation, no correction
     torch.testing.assert_close(g_c, g_inf)
-    assert float(out["truncated_share"]) == 0.0
+    assert float(out["rho_clipped_share"]) == 0.0
     g_low, _, _ = grads(discrete_loss(c=1.05, trust_region=False), td)  # some rho > c: the terms differ
     assert not torch.allclose(g_low, g_inf)
 
@@ -383,7 +383,7 @@ def test_continuous_gradient_wrt_phi_is_eq16(learned_scale, trust_region):
     phi_grad = g_policy[..., : 2 * D] if learned_scale else g_policy[..., :D]
     torch.testing.assert_close(phi_grad, -z / mask.sum() * mask.unsqueeze(-1))
     assert float(out["loss_critic"].detach()) == pytest.approx(critic, rel=1e-9)
-    assert 0 < float(out["truncated_share"]) < 1
+    assert 0 < float(out["rho_clipped_share"]) < 1
     if trust_region:
         active = ((k * g).sum(-1) > delta) & mask
         assert active.any() and (~active & mask).any()
@@ -593,7 +593,7 @@ def test_lstm_bootstraps_from_the_unroll_state_not_the_stored_one():
         stale, _ = reference(lambda b, t, unrolled: (td["next", h_key][b, t].unsqueeze(1),
                                                      td["next", c_key][b, t].unsqueeze(1)))
     n = mask.sum()
-    torch.testing.assert_close(out["q_ret_mean"], q_ret[mask].sum() / n, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out["q_ret"], q_ret[mask].sum() / n, rtol=1e-5, atol=1e-6)
     expected_critic = loss.critic_coeff * (0.5 * (q_ret - q_taken)[mask] ** 2).sum() / n  # eq. 6
     torch.testing.assert_close(out["loss_critic"], expected_critic, rtol=1e-5, atol=1e-6)
     assert (q_ret - stale)[mask].abs().max() > 1e-2, "the stored states must give other bootstraps"

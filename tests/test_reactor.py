@@ -205,7 +205,7 @@ def test_tislr_gradient_matches_the_paper(learned):
 
 
 def test_entropy_bonus_is_scaled_by_the_mean_action_gap():
-    loss, nets, target, _ = make_loss(None, learned=True, entropy_scale=0.1)
+    loss, nets, target, _ = make_loss(None, learned=True, entropy_coeff=0.1)
     td, last = make_window()
     out = loss(td)
     q, pi, _, _, _ = reference(td, last, nets.network, target, [], True)

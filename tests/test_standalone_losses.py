@@ -16,6 +16,7 @@ from acer_torchrl.algorithms import get_algorithm, loss_options
 from acer_torchrl.config import load_config
 from acer_torchrl.objectives import ACERLoss, LASERLoss, ReactorLoss, VRACERLoss
 from acer_torchrl.objectives.common import objective
+from acer_torchrl.objectives.names import OUTPUTS
 from acer_torchrl.objectives.vracer_estimates import episode_targets
 from acer_torchrl.trainer import Trainer
 
@@ -85,8 +86,9 @@ def assert_same_numbers(loss: torch.nn.Module, td: TensorDict, stats: dict[str, 
         assert stats[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
-@pytest.mark.parametrize("algo", ["acer", "laser", "reactor"])
-def test_a_sequence_loss_on_a_hand_made_batch_gives_the_pipelines_numbers(tmp_path, algo):
+def sequence_case(algo: str, tmp_path) -> tuple[Trainer, torch.nn.Module, TensorDict]:
+    """The pipeline of a sequence loss (``algo``'s cartpole preset), the same loss built on its own and a hand-made
+    batch of steps."""
     trainer = pipeline(algo, "cartpole", tmp_path)
     loss = trainer.loss
     common = dict(gamma=0.9, seq_len=T, hidden_keys=[])
@@ -99,16 +101,21 @@ def test_a_sequence_loss_on_a_hand_made_batch_gives_the_pipelines_numbers(tmp_pa
         assert isinstance(loss, ReactorLoss)
         # Q: a branch of the network (copied together, it stays one); the preset learns mu-hat (sec. 3.2)
         standalone = standalone_loss(trainer, (loss.network, loss.q_network), learned_behaviour=True, **common)
-    td = hand_made(trainer, WHOLE_ROWS if algo == "reactor" else ROWS)
+    return trainer, standalone, hand_made(trainer, WHOLE_ROWS if algo == "reactor" else ROWS)
+
+
+@pytest.mark.parametrize("algo", ["acer", "laser", "reactor"])
+def test_a_sequence_loss_on_a_hand_made_batch_gives_the_pipelines_numbers(tmp_path, algo):
+    trainer, standalone, td = sequence_case(algo, tmp_path)
     stats = trainer.update(td.clone())
     assert_same_numbers(standalone, td, stats)
 
 
-def test_vracer_loss_on_targets_from_episode_targets_gives_the_pipelines_numbers(tmp_path):
-    """V-RACER built from its network alone, on the hand-made steps with ``V^tbc`` and ``Q^ret`` of
-    :func:`episode_targets` (eq. 8 over each episode's ``V`` and ``rho``; bootstrap 0 after the terminated step,
-    ``V(s_T)`` after the truncated and the open ones), against the pipeline's update on the same steps stored in its
-    replay, where the agent's stored estimates give the targets."""
+def vracer_case(tmp_path) -> tuple[Trainer, torch.nn.Module, TensorDict, torch.Tensor]:
+    """V-RACER's pipeline with the hand-made steps stored in its replay (their slots), and V-RACER built from its
+    network alone with those steps and their ``V^tbc`` and ``Q^ret`` of :func:`episode_targets` (eq. 8 over each
+    episode's ``V`` and ``rho``; bootstrap 0 after the terminated step, ``V(s_T)`` after the truncated and the open
+    ones)."""
     trainer = pipeline("vracer", "pendulum", tmp_path, "replay.seq_len=1")
     batch = trainer.loss.preprocess(hand_made(trainer))
     slots = trainer.replay.extend(batch)  # what Trainer.store does, with the slots
@@ -130,9 +137,31 @@ def test_vracer_loss_on_targets_from_episode_targets_gives_the_pipelines_numbers
     td = steps.select(*standalone.in_keys)
     td[standalone.tensor_keys.value_target] = torch.cat(v_tbc).unsqueeze(-1)
     td[standalone.tensor_keys.q_ret] = torch.cat(q_ret).unsqueeze(-1)
+    return trainer, standalone, td, slots
 
+
+def test_vracer_loss_on_targets_from_episode_targets_gives_the_pipelines_numbers(tmp_path):
+    """V-RACER on its own, on targets of :func:`episode_targets`, against the pipeline's update on the same steps
+    stored in its replay, where the agent's stored estimates give the targets."""
+    trainer, standalone, td, slots = vracer_case(tmp_path)
     pipeline_batch = trainer.agent.before_update(trainer.replay.gather(slots, trainer.loss.in_keys), trainer.replay)
     for key in (standalone.tensor_keys.value_target, standalone.tensor_keys.q_ret):
         torch.testing.assert_close(pipeline_batch[key], td[key], rtol=1e-5, atol=1e-6)
     stats = trainer.update(trainer.replay.gather(slots, trainer.loss.in_keys))
     assert_same_numbers(standalone, td, stats)
+
+
+@pytest.mark.parametrize("algo", ["acer", "laser", "reactor", "vracer"])
+def test_every_output_entry_is_in_out_keys_and_in_the_one_vocabulary(tmp_path, algo):
+    """A loss's forward returns exactly its ``out_keys``, and an update reports those, the stored estimates'
+    ``out_keys`` and the gradient norm: every name one of :data:`OUTPUTS` (issue 47)."""
+    if algo == "vracer":
+        trainer, standalone, td, slots = vracer_case(tmp_path)
+        batch = trainer.replay.gather(slots, trainer.loss.in_keys)
+    else:
+        trainer, standalone, td = sequence_case(algo, tmp_path)
+        batch = td.clone()
+    assert set(standalone(td).keys()) == set(standalone.out_keys)
+    added = getattr(trainer.agent.estimates, "out_keys", ())
+    assert set(trainer.update(batch)) == {*trainer.loss.out_keys, *added, "grad_norm"}
+    assert set(standalone.out_keys) | set(added) <= set(OUTPUTS)

@@ -243,9 +243,9 @@ def test_health_flags_a_blow_up_from_its_first_bad_update_but_not_noise():
     # update 50 + k: 1.5^k against a scale that followed at 1 % per update, 1.01^(k - 1): over 100x from k = 12
     assert health.summary()["update"] == 62 and "at update 62 (1984 env steps)" in warning
 
-    health = Health(value_keys=("value_mean",))
-    assert feed(health, [1.0, float("nan")], "value_mean") is not None
-    assert health.summary() == {"status": "diverged", "update": 2, "env_steps": 64, "statistic": "value_mean",
+    health = Health(value_keys=("state_value",))
+    assert feed(health, [1.0, float("nan")], "state_value") is not None
+    assert health.summary() == {"status": "diverged", "update": 2, "env_steps": 64, "statistic": "state_value",
                                 "value": "nan"}
     assert feed(health, [float("inf")]) is None, "reported once"
 

@@ -673,7 +673,7 @@ def test_pipeline_anneals_lr_logs_refer_and_checkpoints_learner_state(tmp_path):
     )
     assert summary["updates"] == 150  # F = 1: one step per env step from the batch that reaches N_start on
     header, *rows = (tmp_path / "metrics.csv").read_text().splitlines()
-    for column in ("far_fraction", "beta", "c_max", "kl", "rho"):
+    for column in ("far_fraction", "refer_beta", "c_max", "kl", "rho"):
         assert column in header.split(","), column
     state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)
     loss_state, optim_state, estimates = state["loss"], state["optimizer"], state["estimates"]

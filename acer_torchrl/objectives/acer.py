@@ -154,7 +154,7 @@ class ACERLoss(ReplayLoss):
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
-    value_keys = ("value_mean", "q_ret_mean")
+    value_keys = ("state_value", "q_ret")
 
     actor_network: TensorDictModuleBase
     actor_network_params: TensorDictParams
@@ -222,7 +222,7 @@ class ACERLoss(ReplayLoss):
 
     @property
     def out_keys(self) -> list[str]:
-        diagnostics = ["rho", "truncated_share", "entropy", "value_mean", "q_ret_mean"]
+        diagnostics = ["rho", "rho_clipped_share", "entropy", "state_value", "q_ret"]
         if self.trust_region:
             diagnostics += ["kl_average", "trust_region_active"]
         return ["loss_objective", "loss_critic", "loss_entropy", *diagnostics]
@@ -350,10 +350,10 @@ class ACERLoss(ReplayLoss):
                 "loss_critic": self.critic_coeff * critic,
                 "loss_entropy": -self.entropy_coeff * entropy,
                 "rho": masked_mean(rho, mask),
-                "truncated_share": masked_mean((rho > self.c).float(), mask),
+                "rho_clipped_share": masked_mean((rho > self.c).float(), mask),
                 "entropy": entropy.detach(),
-                "value_mean": masked_mean(value.detach(), mask),
-                "q_ret_mean": masked_mean(q_ret, mask),
+                "state_value": masked_mean(value.detach(), mask),
+                "q_ret": masked_mean(q_ret, mask),
                 **diagnostics,
             },
             batch_size=[],

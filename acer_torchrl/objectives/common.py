@@ -2,7 +2,9 @@
 
 A loss is a TorchRL :class:`~torchrl.objectives.LossModule` whose ``forward(td)`` takes a ``[B, T]``
 batch of sequences (``[B, 1]`` for single-step losses) and returns a TensorDict whose ``loss_*`` entries
-sum to the objective; other entries are diagnostics (mean rho, truncated share, rejected share...).
+sum to the objective; other entries are diagnostics (mean rho, clipped-rho share, rejected share...). Its
+``out_keys`` name every entry, each from the one vocabulary of the four losses,
+:data:`acer_torchrl.objectives.names.OUTPUTS`.
 :class:`ReplayLoss` adds what the shared trainer asks of it.
 """
 

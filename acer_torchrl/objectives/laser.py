@@ -157,7 +157,7 @@ class LASERLoss(ReplayLoss):
         network: TensorDictModuleBase,
         *,
         discrete: bool,
-        gamma: float,
+        gamma: float = 0.99,
         seq_len: int,
         hidden_keys: list[str] | tuple[str, ...] = (),
         online_share: float = 0.125,

@@ -122,12 +122,13 @@ class ReactorLoss(ReplayLoss):
     Keyword Args:
         gamma: discount. lam: Retrace lambda (eq. 2).
         pg: ``"beta_loo"`` (eq. 5) or ``"tislr"``. beta_c: ``beta = min(beta_c, 1/mu(A))``.
-        tislr_c: TISLR's truncation. entropy_scale: entropy bonus per unit of mean action gap.
+        tislr_c: TISLR's truncation. entropy_coeff: entropy bonus per unit of mean action gap.
         learned_behaviour: use mu-hat (trained by cross-entropy) instead of the stored mu.
         seq_len: steps per replayed sequence. hidden_keys: recurrent state keys of the network's LSTMs.
 
     Returns (forward): ``loss_critic`` (eq. 7 regression), ``loss_objective`` (eq. 5 / TISLR), ``loss_entropy``,
-    ``loss_behaviour`` (learned only) and diagnostics.
+    ``loss_behaviour`` (learned only) and diagnostics: every entry of :attr:`out_keys`
+    (:data:`~acer_torchrl.objectives.names.OUTPUTS` says what each is).
 
     Examples:
         >>> import torch
@@ -204,7 +205,7 @@ class ReactorLoss(ReplayLoss):
         pg: str = "beta_loo",
         beta_c: float = 1.0,
         tislr_c: float = 10.0,
-        entropy_scale: float = 0.1,
+        entropy_coeff: float = 0.1,
         learned_behaviour: bool = False,
         seq_len: int = 33,
         hidden_keys: list[str] | tuple[str, ...] = (),
@@ -221,7 +222,7 @@ class ReactorLoss(ReplayLoss):
         # both on tensors when feed-forward (common.TensorCall)
         self._network, self._q_network = NetworkCall(self.network), NetworkCall(q_network)
         self.gamma, self.lam, self.pg = gamma, lam, pg
-        self.beta_c, self.tislr_c, self.entropy_scale = beta_c, tislr_c, entropy_scale
+        self.beta_c, self.tislr_c, self.entropy_coeff = beta_c, tislr_c, entropy_coeff
         self.learned_behaviour = learned_behaviour
         self.seq_len = seq_len
         self.hidden_keys = list(hidden_keys)
@@ -246,9 +247,10 @@ class ReactorLoss(ReplayLoss):
         return self._in_keys
 
     @property
-    def out_keys(self):
-        keys = ["loss_critic", "loss_objective", "loss_entropy"]
-        return keys + (["loss_behaviour"] if self.learned_behaviour else [])
+    def out_keys(self) -> list[str]:
+        keys = ["loss_critic", "loss_objective", "loss_entropy", "entropy", "action_gap", "rho", "trace", "beta",
+                "q_ret", "q_taken"]
+        return keys + (["loss_behaviour", "mu_hat_log_error"] if self.learned_behaviour else [])
 
     def update_plan(self, rng: np.random.Generator) -> list[float]:
         """Replay-only learner steps (sec. 3.6): ``updates_per_batch`` per collected batch (the fraction
@@ -342,7 +344,7 @@ class ReactorLoss(ReplayLoss):
         # Entropy bonus scaled by the mean action gap (sec. 3.5)
         entropy = -(log_pi.exp() * log_pi).sum(-1, keepdim=True)
         gap = mean_action_gap(q_now, mask)
-        loss_entropy = -self.entropy_scale * gap * masked_mean(entropy, mask)
+        loss_entropy = -self.entropy_coeff * gap * masked_mean(entropy, mask)
 
         result = TensorDict(
             {
@@ -362,8 +364,6 @@ class ReactorLoss(ReplayLoss):
         if self.learned_behaviour:
             # mu-hat: cross-entropy on the replayed actions (sec. 3.5)
             result.set("loss_behaviour", -masked_mean(log_mu_hat.gather(-1, action), mask))
-            stored = td.get(k.behaviour_log_prob, None)
-            if stored is not None:
-                gap_mu = (log_mu - stored.reshape(B, T, 1)).abs()
-                result.set("mu_hat_log_error", masked_mean(gap_mu, mask))
+            gap_mu = (log_mu - td.get(k.behaviour_log_prob).reshape(B, T, 1)).abs()
+            result.set("mu_hat_log_error", masked_mean(gap_mu, mask))
         return result

@@ -244,7 +244,7 @@ class VRACERLoss(ReplayLoss):
     def out_keys(self) -> list[str]:
         return [
             "loss_objective", "loss_critic", "loss_kl", "rho", "state_value", "kl", "far_batch", "far_fraction",
-            "beta", "c_max", "policy_std",
+            "refer_beta", "c_max", "policy_std",
         ]
 
     # ------------------------------------------------------------------ network evaluations
@@ -345,7 +345,7 @@ class VRACERLoss(ReplayLoss):
                 "kl": masked_mean(kl, mask),
                 "far_batch": masked_mean((~near).float(), mask),
                 "far_fraction": self.refer.far_fraction.clone(),
-                "beta": self.refer.beta.clone(),
+                "refer_beta": self.refer.beta.clone(),
                 "c_max": torch.tensor(self.refer.c_max),
                 "policy_std": scale.detach().mean(),  # env units, mean over action dims
             },

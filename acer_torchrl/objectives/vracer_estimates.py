@@ -109,9 +109,10 @@ class VRACEREstimates:
         reward_key, terminated_key: a stored step's ``r_{k+1}`` and whether ``s_{k+1}`` is terminal.
     """
 
-    value_keys = ("next_state_value",)  # what after_update adds to an update's output that is a value estimate
+    out_keys = ("next_state_value", "reward_scale")  # what after_update adds to an update's output (names.OUTPUTS)
+    value_keys = ("next_state_value",)  # of which a value estimate
 
-    def __init__(self, loss: VRACERLoss, normalizer: Standardize, *, gamma: float, n_start: int,
+    def __init__(self, loss: VRACERLoss, normalizer: Standardize, *, gamma: float = 0.99, n_start: int,
                  reward_scale_interval: int = 1000, epsilon: float = 1e-7,
                  reward_key: NestedKey = ("next", "reward"), terminated_key: NestedKey = ("next", "terminated")):
         self.loss = loss

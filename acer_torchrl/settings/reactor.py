@@ -14,7 +14,7 @@ BEHAVIOUR_MODES = ("memorised", "learned")
 
 
 @allowed(lam="[0, 1]", pg=PG_ESTIMATORS, beta_c="[1, inf]", tislr_c="(0, inf)", behaviour=BEHAVIOUR_MODES,
-         epsilon="[0, 1)", target_update="[1, inf)", entropy_scale="[0, inf)", head_hidden=MAX_WIDTH,
+         epsilon="[0, 1)", target_update="[1, inf)", entropy_coeff="[0, inf)", head_hidden=MAX_WIDTH,
          updates_per_batch="[0, 1000]")
 @dataclass
 class ReactorConfig:
@@ -25,7 +25,7 @@ class ReactorConfig:
     behaviour: str = "memorised"  # memorised (stored mu, "M") | learned (mu-hat head, "L")
     epsilon: float = 0.01  # uniform mixing in the pi and mu-hat heads: x (1 - eps) + eps / #actions (Table 1)
     target_update: int = 1000  # T_update: learner steps between target-network copies (sec. 3.4)
-    entropy_scale: float = 0.1  # entropy bonus = entropy_scale x mean action gap (sec. 3.5)
+    entropy_coeff: float = 0.1  # entropy bonus = entropy_coeff x mean action gap (sec. 3.5)
     head_hidden: int = 32  # width of the heads' hidden linear layer before its CReLU (Table 1)
     updates_per_batch: float = 1.0  # learner steps per collected batch (fractions drawn at random)
 
@@ -94,7 +94,7 @@ PRESETS = {
         "reactor.updates_per_batch": 2.0,
         "reactor.epsilon": 0.05,
         "reactor.lam": 0.9,
-        "reactor.entropy_scale": 1.0,
+        "reactor.entropy_coeff": 1.0,
         "reactor.behaviour": "learned",
         "optim.lr": 5e-4,
         "eval.interval": 10_000,
