@@ -1,4 +1,5 @@
-"""Signals in the learner's helper processes (collector workers, the evaluation process).
+"""Signals in a run's processes: the learner's (:class:`RunGuard` around a trainer's step API) and its helpers'
+(collector workers, the evaluation process).
 
 Ctrl-C reaches every process of the terminal's foreground group, ``kill -- -PGID`` (a process manager, a
 shell's job control) sends SIGTERM to every process of a run, and SLURM signals every process of a job on
@@ -8,7 +9,8 @@ learner's batch is done, and the learner would wait for its weight-push acknowle
 ends them, and a helper whose learner is gone exits on its own (its pipe closes).
 
 The learner itself, on the recipe command line, handles SIGINT / SIGTERM from its first instruction to its
-last with :class:`StopSignals`: one stop, one line, exit code 130 / 143 (:class:`Interrupted`).
+last with :class:`StopSignals`: one stop, one line, exit code 130 / 143 (:class:`Interrupted`). :class:`RunGuard`
+drives a run through its step API so that such a stop, or submitit's requeue, never cuts a batch short.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 
 def learner_signals() -> list[signal.Signals]:
@@ -27,8 +32,8 @@ class Interrupted(BaseException):
     """The learner stops at SIGINT / SIGTERM; the message (one line) says what was saved and how to continue.
     A ``BaseException``, like ``KeyboardInterrupt``: no ``except Exception`` on its way out swallows it."""
 
-    def __init__(self, signum: int, message: str = "interrupted during start-up: nothing to save yet"):
-        super().__init__(message)
+    def __init__(self, signum: int, message: str | None = None):
+        super().__init__(message or "interrupted during start-up: nothing to save yet")
         self.signum = signum
         self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
 
@@ -73,6 +78,90 @@ class StopSignals:
             self._deferring = False
         if self.signum is not None:
             raise Interrupted(self.signum)
+
+
+class SteppedRun(Protocol):
+    """A run's step API (:class:`~acer_torchrl.trainer.Trainer`'s), what :class:`RunGuard` drives."""
+
+    def finished_summary(self) -> dict | None: ...
+
+    def start(self) -> Iterator: ...
+
+    def step(self, batch) -> bool: ...
+
+    def checkpoint(self) -> None: ...
+
+    def stop_collecting(self) -> None: ...
+
+    def finish(self) -> dict: ...
+
+    def stop_early(self) -> str | None: ...
+
+    def close(self) -> None: ...
+
+
+class RunGuard:
+    """Drives a run through its step API in the learner's process: :meth:`train`. With ``stop_signals``
+    (installed: the command line), SIGINT / SIGTERM end the run with its ``stop_early()`` and :class:`Interrupted`:
+    at once during start-up or while waiting for a batch, after the batch in hand, or once the final evaluation
+    is done. Under SLURM, submitit's requeue signal waits for the batch in hand (:meth:`holding_requeue`)."""
+
+    def __init__(self, stop_signals: StopSignals | None = None):
+        self.stop_signals = stop_signals
+        self.held_requeue: Callable[[], None] | None = None  # submitit's preemption handler, held by holding_requeue()
+
+    def train(self, run: SteppedRun) -> dict:
+        """The whole run (or what is left of it): ``start()``, ``step()`` on every batch, ``stop_collecting()``,
+        ``finish()``, and in any case ``close()``; returns its summary. A resumed run that had already finished
+        returns its ``finished_summary()`` untouched."""
+        finished = run.finished_summary()
+        if finished is not None:
+            run.close()
+            return finished
+        try:
+            with self.holding_requeue():
+                for batch in run.start():
+                    with self.deferring_stops():
+                        done = run.step(batch)
+                    if done:
+                        break
+                    if self.held_requeue is not None:
+                        run.checkpoint()  # the requeued job resumes from this batch
+                        self.held_requeue()  # submitit: requeue, then exit
+            with self.deferring_stops():
+                run.stop_collecting()
+                return run.finish()
+        except Interrupted as stop:
+            where = run.stop_early()
+            raise Interrupted(stop.signum, f"interrupted {where}" if where else None) from None
+        finally:
+            run.close()
+
+    def deferring_stops(self) -> contextlib.AbstractContextManager:
+        """A block a stop signal waits for (:meth:`StopSignals.deferred`); a no-op without ``stop_signals``."""
+        return self.stop_signals.deferred() if self.stop_signals is not None else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def holding_requeue(self):
+        """Under SLURM, submitit's preemption / time-out signal (SIGUSR2) runs a handler that requeues the job
+        and exits (``SystemExit``) from whatever code the signal interrupted. Inside a loss's forward that met
+        tensordict's ``to_module`` context, whose exit raised an error of its own over the ``SystemExit``: the
+        job ended as failed (``tests/test_slurm.py``, now and then). So the signal is held here (in
+        :attr:`held_requeue`) and :meth:`train` calls the handler after the batch in hand, with a checkpoint first."""
+        handler = signal.getsignal(signal.SIGUSR2)
+        in_main_thread = threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
+        if "SLURM_JOB_ID" not in os.environ or not callable(handler) or not in_main_thread:
+            yield
+            return
+
+        def hold(signum, frame) -> None:
+            self.held_requeue = lambda: handler(signum, frame)
+
+        signal.signal(signal.SIGUSR2, hold)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGUSR2, handler)
 
 
 def ignore_learner_signals() -> None:

@@ -106,6 +106,9 @@ class Replay(Protocol):
 
     def __len__(self) -> int: ...
 
+    @property
+    def num_episodes(self) -> int: ...  # episodes with a step stored (a shared replay's: every agent's)
+
     def extend(self, batch: TensorDictBase) -> torch.Tensor: ...
 
     def sample_sequences(self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None) -> TensorDictBase: ...

@@ -14,9 +14,7 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -42,7 +40,7 @@ from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, m
                                   save_learning_curve, write_summary)
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.optim import AdamStep
-from acer_torchrl.processes import Interrupted, StopSignals
+from acer_torchrl.processes import RunGuard, StopSignals
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay
 from acer_torchrl.rundir import prepare_run_dir
 
@@ -107,11 +105,9 @@ def default_run_dir(cfg: Config) -> Path:
 class Trainer:
     """Owns the run: agent, optimiser, replay, collector, counters and the run directory."""
 
-    def __init__(self, cfg: Config, stop_signals: StopSignals | None = None, remote: RemoteCollection | None = None):
+    def __init__(self, cfg: Config, remote: RemoteCollection | None = None):
         self.cfg = cfg
-        self.stop_signals = stop_signals  # the command line's SIGINT / SIGTERM handling, see train()
         self.remote = remote  # collector processes on other nodes (a multi-node job) instead of local workers
-        self._held_requeue = None  # submitit's preemption handler, held until the batch in hand is done
         self.device = resolve_device(cfg.device)
         run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
         # locked for the life of this trainer (close()): a second run into the same directory is refused
@@ -333,41 +329,25 @@ class Trainer:
         if warning is not None:
             tqdm.write(warning, file=sys.stderr)
 
-    # ------------------------------------------------------------------ loop
+    # ----------------------------------------------------- the whole run (RunGuard drives the step API)
     def train(self) -> dict:
-        """The whole run (or what is left of it): :meth:`start`, :meth:`step` on every batch, :meth:`finish`.
-        With ``stop_signals`` (the command line), SIGINT / SIGTERM end it with :meth:`interrupted`: at once during
-        start-up or while waiting for a batch, after the batch in hand, or once the final evaluation is done.
-        A resumed run that had already finished returns its summary untouched, marked ``already_finished``."""
-        if self.cfg.resume and self.counters.env_steps >= self.cfg.total_frames and (self.run_dir / "summary.json").is_file():
-            self.close()
-            return {**json.loads((self.run_dir / "summary.json").read_text()), "already_finished": True,
-                    "total_frames": self.cfg.total_frames}
-        try:
-            with self.holding_requeue():
-                for batch in self.start():
-                    with self.deferring_stops():
-                        done = self.step(batch)
-                    if done:
-                        break
-                    if self._held_requeue is not None:
-                        self.checkpoint()  # the requeued job resumes from this batch
-                        self._held_requeue()  # submitit: requeue, then exit
-            with self.deferring_stops():
-                self.stop_collecting()
-                return self.finish()
-        except Interrupted as stop:
-            raise self.interrupted(stop.signum) from None
-        finally:
-            self.close()
+        """The whole run (or what is left of it), driven through the step API below by a
+        :class:`~acer_torchrl.processes.RunGuard` without stop signals (under SLURM it still holds submitit's
+        requeue until the batch in hand is done); returns its summary."""
+        return RunGuard().train(self)
 
-    def deferring_stops(self) -> contextlib.AbstractContextManager:
-        """A block a stop signal waits for (:meth:`StopSignals.deferred`); a no-op without ``stop_signals``."""
-        return self.stop_signals.deferred() if self.stop_signals is not None else contextlib.nullcontext()
+    def finished_summary(self) -> dict | None:
+        """A resumed run that had already finished: its ``summary.json`` untouched, marked ``already_finished``
+        (with the ``total_frames`` asked for); None when there are steps left to take."""
+        if not (self.cfg.resume and self.counters.env_steps >= self.cfg.total_frames
+                and (self.run_dir / "summary.json").is_file()):
+            return None
+        return {**json.loads((self.run_dir / "summary.json").read_text()), "already_finished": True,
+                "total_frames": self.cfg.total_frames}
 
-    def interrupted(self, signum: int) -> Interrupted:
-        """After a stop signal: the collector shut down, the steps taken since the latest checkpoint saved, and
-        the one line that says so (or that there was nothing to save yet)."""
+    def stop_early(self) -> str | None:
+        """Stop before ``total_frames`` (a stop signal): the collector shut down, the steps taken since the latest
+        checkpoint saved; returns where the run stopped and how to continue, None when it has nothing saved yet."""
         self.stop_collecting(timeout_s=2.0)  # a stopping run's workers have nothing to finish
         c = self.counters
         if c.env_steps and c.env_steps != self._saved_steps:
@@ -376,16 +356,16 @@ class Trainer:
             self.evaluator.close(wait_s=1.0)  # nothing left for it to do
             self.evaluator = None
         if self._saved_steps is None:
-            return Interrupted(signum)
-        return Interrupted(signum, f"interrupted at {c.env_steps} env steps; continue with: "
-                                   f"python recipes/{self.cfg.loss}.py resume={self.run_dir}")
+            return None
+        return f"at {c.env_steps} env steps; continue with: python recipes/{self.cfg.loss}.py resume={self.run_dir}"
 
-    # ------------------------------------------------------------------ the step API (train(), or a driver of several runs)
+    # ----------------------------------------------------- the step API (RunGuard, or a driver of several runs)
     def start(self) -> Iterator[TensorDictBase]:
         """Open the run for stepping: the greedy evaluator, a collector for the steps still to take, the clock.
         Returns the collector's batches (none when the run is complete): hand each to :meth:`step` until it
         returns True, then :meth:`stop_collecting`, :meth:`finish` (final evaluation, summary) and, in any
-        case, :meth:`close`. A shared-replay sweep drives its agents' trainers this way, a batch each in turn."""
+        case, :meth:`close` (:class:`~acer_torchrl.processes.RunGuard` does). A shared-replay sweep drives its agents'
+        trainers this way, a batch each in turn."""
         remaining = self.cfg.total_frames - self.counters.env_steps
         self.evaluator = self.make_evaluator()
         self._collector = self.make_collector(remaining) if remaining > 0 else None
@@ -503,27 +483,6 @@ class Trainer:
         save_learning_curve(self.log, self.run_dir / "learning_curve.png", f"{cfg.loss} on {cfg.env.name}")
         return summary
 
-    @contextlib.contextmanager
-    def holding_requeue(self):
-        """Under SLURM, submitit's preemption / time-out signal (SIGUSR2) runs a handler that requeues the job
-        and exits (``SystemExit``) from whatever code the signal interrupted. Inside a loss's forward that met
-        tensordict's ``to_module`` context, whose exit raised an error of its own over the ``SystemExit``: the
-        job ended as failed (``tests/test_slurm.py``, now and then). So the signal is held here and the loop
-        calls the handler after the batch in hand, with a checkpoint first."""
-        handler = signal.getsignal(signal.SIGUSR2)
-        if "SLURM_JOB_ID" not in os.environ or not callable(handler) or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def hold(signum, frame) -> None:
-            self._held_requeue = lambda: handler(signum, frame)
-
-        signal.signal(signal.SIGUSR2, hold)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGUSR2, handler)
-
     def make_collector(self, remaining: int):
         """This run's collector for ``remaining`` steps: ``collector.workers`` processes (in-process when 0),
         or the job's collector ranks on other nodes when it has them (``remote``). ``remaining`` is rounded up to
@@ -599,8 +558,7 @@ class Trainer:
                 metrics["train_return"] = float(np.mean(returns))
             metrics["replay_steps"] = len(self.replay)
             # the replay's episode-length mix and the step size: what a late collapse is read against
-            if isinstance(self.replay, EpisodeReplay):  # a shared replay's view has no episode count of its own
-                metrics["replay_mean_episode_steps"] = len(self.replay) / max(self.replay.num_episodes, 1)
+            metrics["replay_mean_episode_steps"] = len(self.replay) / max(self.replay.num_episodes, 1)
             metrics["lr"] = self.optimizer.param_groups[0]["lr"]
             metrics["collector_dropped_steps"] = self.replay.steps_missing  # not in env_steps (see replay.py)
             self.ask_evaluation(metrics)
@@ -635,6 +593,7 @@ class Trainer:
 
 def train(cfg: Config, stop_signals: StopSignals | None = None, remote: RemoteCollection | None = None) -> dict:
     """Run (or resume) one training run described by ``cfg``; returns its summary. With ``stop_signals``
-    (installed), SIGINT / SIGTERM end it with a checkpoint and :class:`Interrupted`; with ``remote``, the collectors
-    are processes on other nodes (see :class:`~acer_torchrl.collectors.RemoteCollection`)."""
-    return Trainer(cfg, stop_signals, remote).train()
+    (installed), SIGINT / SIGTERM end it with a checkpoint and :class:`~acer_torchrl.processes.Interrupted`
+    (:class:`~acer_torchrl.processes.RunGuard`); with ``remote``, the collectors are processes on other nodes (see
+    :class:`~acer_torchrl.collectors.RemoteCollection`)."""
+    return RunGuard(stop_signals).train(Trainer(cfg, remote))

@@ -383,11 +383,9 @@ def test_recipe_reports_bad_env_as_one_line(tmp_path):
 
 def test_slurm_preemption_signal_waits_for_the_batch_in_hand(monkeypatch):
     """Under SLURM, submitit's SIGUSR2 handler requeues and exits from wherever it lands (inside a loss's
-    forward it met tensordict's context managers and the job failed): the trainer holds it until the loop
+    forward it met tensordict's context managers and the job failed): the run's guard holds it until the loop
     calls it after the batch in hand, then puts submitit's handler back."""
-    from types import SimpleNamespace
-
-    from acer_torchrl.trainer import Trainer
+    from acer_torchrl.processes import RunGuard
 
     monkeypatch.setenv("SLURM_JOB_ID", "1")
     calls = []
@@ -397,16 +395,84 @@ def test_slurm_preemption_signal_waits_for_the_batch_in_hand(monkeypatch):
 
     previous = signal.signal(signal.SIGUSR2, submitit_handler)
     try:
-        trainer = SimpleNamespace(_held_requeue=None)
-        with Trainer.holding_requeue(trainer):
+        guard = RunGuard()
+        with guard.holding_requeue():
             os.kill(os.getpid(), signal.SIGUSR2)
             time.sleep(0.01)
-            assert calls == [] and trainer._held_requeue is not None
-            trainer._held_requeue()  # what the loop does after the batch
+            assert calls == [] and guard.held_requeue is not None
+            guard.held_requeue()  # what the loop does after the batch
             assert calls == [signal.SIGUSR2]
         assert signal.getsignal(signal.SIGUSR2) is submitit_handler
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+class _SignalledRun:
+    """A run's step API for :class:`RunGuard`, its second step receiving ``signum``; records what the guard calls."""
+
+    def __init__(self, signum):
+        self.signum, self.calls = signum, []
+
+    def finished_summary(self):
+        return None
+
+    def start(self):
+        return iter(range(4))
+
+    def step(self, batch):
+        if batch == 1:
+            os.kill(os.getpid(), self.signum)
+            time.sleep(0.01)
+        self.calls.append(f"step {batch}")
+        return False
+
+    def checkpoint(self):
+        self.calls.append("checkpoint")
+
+    def stop_collecting(self):
+        self.calls.append("stop_collecting")
+
+    def finish(self):
+        self.calls.append("finish")
+        return {}
+
+    def stop_early(self):
+        self.calls.append("stop_early")
+        return "at 2 batches; continue with: resume"
+
+    def close(self):
+        self.calls.append("close")
+
+
+def test_run_guard_lets_the_step_in_hand_end_before_a_stop_or_a_requeue(monkeypatch):
+    """A stop signal during a step ends the run after that step (saved by ``stop_early``, one line, exit 130); under
+    SLURM submitit's requeue handler runs after that step too, with a checkpoint first."""
+    from acer_torchrl.processes import Interrupted, RunGuard, StopSignals
+
+    stops = StopSignals().install()
+    try:
+        fake = _SignalledRun(signal.SIGINT)
+        with pytest.raises(Interrupted) as stop:
+            RunGuard(stops).train(fake)
+    finally:
+        stops.restore()
+    assert fake.calls == ["step 0", "step 1", "stop_early", "close"]
+    assert (str(stop.value), stop.value.exit_code) == ("interrupted at 2 batches; continue with: resume", 130)
+
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    fake = _SignalledRun(signal.SIGUSR2)
+
+    def submitit_requeue(*_):  # submitit's handler: requeue the job, then exit
+        fake.calls.append("requeue")
+        sys.exit(-1)
+
+    previous = signal.signal(signal.SIGUSR2, submitit_requeue)
+    try:
+        with pytest.raises(SystemExit):
+            RunGuard().train(fake)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert fake.calls == ["step 0", "step 1", "checkpoint", "requeue", "close"]
 
 
 @pytest.mark.integration

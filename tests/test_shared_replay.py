@@ -105,13 +105,14 @@ def test_both_replays_implement_the_declared_replay_protocol(cls):
         declared = list(inspect.signature(getattr(Replay, name)).parameters)
         assert list(inspect.signature(getattr(cls, name)).parameters) == declared, f"{cls.__name__}.{name}"
     assert "steps_missing" in Replay.__annotations__
+    assert isinstance(vars(Replay)["num_episodes"], property) and isinstance(vars(cls)["num_episodes"], property)
     # and what a loss keeping per-step estimates reads (V-RACER in a sweep)
     for name in ("episode_links", "gather"):
         declared = list(inspect.signature(getattr(EpisodeStore, name)).parameters)
         assert list(inspect.signature(getattr(cls, name)).parameters) == declared, f"{cls.__name__}.{name}"
     assert {"capacity", "steps_written"} <= set(EpisodeStore.__annotations__)
     replay = EpisodeReplay(8) if cls is EpisodeReplay else AgentReplay(SharedReplay(EpisodeReplay(8), 1), 0, 1, owner=True)
-    assert replay.steps_missing == 0 and len(replay) == 0
+    assert replay.steps_missing == 0 and len(replay) == 0 and replay.num_episodes == 0
     assert replay.capacity == 8 and replay.steps_written == 0 and replay.episode_links()[0] == 0
 
 
@@ -121,6 +122,7 @@ def test_agent_ids_and_behaviour_stats_survive_the_shared_replay():
     fill(handles)
     assert len(handles[1]) == 2 * 2 * 24 and shared.agent_counts() == [48, 48]
     assert shared.replay.num_episodes == 4, "colliding trajectory ids of two agents must stay 4 episodes"
+    assert [h.num_episodes for h in handles] == [4, 4], "each agent's view counts the shared replay's episodes"
     sample = handles[1].sample_sequences(64, 6)
     assert check_round_trip(sample) == {0, 1}
     assert handles[1].sampled.sum() == sample["mask"].sum() and (handles[1].sampled > 0).all()

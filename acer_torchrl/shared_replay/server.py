@@ -54,6 +54,11 @@ class SharedReplay:
         with self.lock:
             return len(self.replay)
 
+    def episodes(self) -> int:
+        """Episodes with a step stored (all agents)."""
+        with self.lock:
+            return self.replay.num_episodes
+
     def sample_sequences(self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
         with self.lock:
             return self.replay.sample_sequences(batch_size, seq_len, keys)
@@ -109,8 +114,8 @@ class SharedReplay:
 # ---------------------------------------------------------------------------------------------- RPC
 _SERVED: SharedReplay | None = None  # the replay rank 0 serves
 _REMOTE_METHODS = frozenset(
-    {"extend", "size", "missing", "sample_sequences", "sample_steps", "recurrent_prefix", "capacity", "written",
-     "episode_links", "gather", "agent_counts"}
+    {"extend", "size", "episodes", "missing", "sample_sequences", "sample_steps", "recurrent_prefix", "capacity",
+     "written", "episode_links", "gather", "agent_counts"}
 )
 
 
@@ -162,6 +167,10 @@ class AgentReplay:
 
     def __len__(self) -> int:
         return self.shared.size()
+
+    @property
+    def num_episodes(self) -> int:
+        return self.shared.episodes()
 
     @property
     def steps_missing(self) -> int:
