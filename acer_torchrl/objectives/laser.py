@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, TensorDictParams
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
@@ -151,6 +151,10 @@ class LASERLoss(ReplayLoss):
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
     value_keys = ("value_target",)
+
+    network: TensorDictModuleBase
+    network_params: TensorDictParams
+    target_network_params: TensorDictParams
 
     def __init__(
         self,
