@@ -35,6 +35,10 @@ _ATARI = {
     "network.lstm": True,
     "network.lstm_hidden": 128,
     "replay.seq_len": 33,  # tau
+    # "during learning time we always reset the LSTM internal state" (sec. 3.4): a sampled sequence starts from
+    # zeros, not from the state LASER's refresh unrolls over the episode's prefix (on Pong that unroll over
+    # hundreds of frames made a CPU draw of 32 sequences take ~25 s)
+    "replay.recurrent_state": "zero",
     "replay.batch_size": 32,
     "replay.min_size": 10_000,
     "reactor.target_update": 1000,
