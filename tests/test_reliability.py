@@ -55,9 +55,10 @@ def test_a_second_run_into_a_locked_run_dir_is_refused_with_one_line(tmp_path):
     first = start_recipe(run_dir, "total_frames=200000")
     try:
         wait_for(lambda: f"pid {first.pid}" in (run_dir / "run.lock").read_text() if (run_dir / "run.lock").exists()
-                 else False, first, 60)
+                 else False, first, 180)
+        # generous limits: the second process starts (imports torch) beside the first's learner and workers
         second = subprocess.run([sys.executable, RECIPE, *QUIET, f"run_dir={run_dir}"], capture_output=True, text=True,
-                                timeout=60)
+                                timeout=180)
         assert second.returncode == 2 and not second.stdout, second
         [line] = second.stderr.strip().splitlines()
         assert f"run_dir={run_dir} is in use by another run" in line and f"pid {first.pid}" in line
