@@ -26,6 +26,8 @@ import threading
 import zlib
 from pathlib import Path
 
+from acer_torchrl.metrics import os_reason
+
 
 MANIFEST = "manifest.json"
 CHUNK_BYTES = 1 << 20  # a tensor is checksummed and written in pieces this size (still in the CPU's cache)
@@ -75,7 +77,7 @@ def _write_failure(err: Exception, run_dir: Path) -> str:
     """Why a checkpoint write failed, in words: the OS's (e.g. "no space left on device"), or for torch's writer
     (no errno) a full disk when it is one, else its message's first line."""
     if isinstance(err, OSError) and err.errno:
-        return os.strerror(err.errno).lower()
+        return os_reason(err)
     if shutil.disk_usage(run_dir).free < 1 << 20:
         return "no space left on device"
     return f"write failed ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
