@@ -91,15 +91,19 @@ PRESETS: dict[str, dict[str, object]] = {
         "log.checkpoint_interval": 500_000,
     },
     # The paper's shape on one GPU node (sec. 4: 16 actors, k = 20, 50 000 replayed steps per actor): 8 workers of
-    # 2 games on the node's CPU cores, the learner on the GPU; 800 000 steps of single frames in RAM (~7 GB)
+    # 16 games on the node's CPU cores, the learner on the GPU; 800 000 steps of single frames in RAM (~7 GB)
     "atari_gpu": {
         **_ATARI,
         "env.name": "ALE/Pong-v5",
         "device": "cuda",
         "total_frames": 10_000_000,
         "collector.workers": 8,
-        "env.num_envs": 2,
-        "collector.frames_per_batch": 40,  # one 20-step window of each of the worker's 2 games
+        # 16 games a worker: a batch is 16 windows of k = 20 steps, as large as a replayed batch, so that Poisson(4)
+        # replay updates follow each on-policy one of equal size (Alg. 1's replay ratio). With 2 games a worker
+        # (40 steps a batch) every step was replayed ~8x as often and the learner held the run at 554 env steps/s;
+        # with 16: 2 996 (one H100, benchmarks/results/gpu.md, 2026-11-26)
+        "env.num_envs": 16,
+        "collector.frames_per_batch": 320,
         "replay.capacity": 800_000,
         "replay.min_size": 20_000,
         "eval.interval": 250_000,
