@@ -1,7 +1,7 @@
 """Learning benchmark: several seeds of one recipe, a curve plot and a row in ``results/learning.md``.
 
     python benchmarks/learning.py <algo> <preset> --seeds 5 --frames 50000 --threshold 475 [--parallel 2] [key=value ...]
-    python benchmarks/learning.py <algo> <preset> ... --resume runs/benchmarks/<name>-<date>   # after a kill
+    python benchmarks/learning.py <algo> <preset> ... --resume runs/benchmarks/<name>-<date>   # after a stop
 
 Each seed is a separate recipe run (``recipes/<algo>.py``) in its own process; ``--parallel`` of them at a
 time. Reads each run's ``summary.json`` and ``metrics.csv`` and records per seed the **final score** (the mean
@@ -9,6 +9,9 @@ greedy return over the last 10 % of the run's env steps, :func:`acer_torchrl.met
 seeds its interquartile mean with a 95 % stratified-bootstrap confidence interval (``rliable``, the ``bench``
 extra: ``pip install -e '.[bench]'``), and, as secondary figures, the env steps at which the greedy
 evaluation first reached the threshold, wall time and env steps/s.
+
+SIGINT or SIGTERM, to the benchmark alone or to its whole group, stops the running seeds (each checkpoints) and
+starts no further seed; ``--resume`` then goes on from there.
 """
 
 from __future__ import annotations
@@ -36,6 +39,17 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 INTERRUPTED = threading.Event()  # a seed's run was stopped by SIGINT / SIGTERM: start no further seed
+RUNNING: set[subprocess.Popen] = set()  # the seeds' recipe processes now running
+RUNNING_LOCK = threading.Lock()
+
+
+def forward_stop(signum: int, _frame) -> None:
+    """SIGINT / SIGTERM sent to the benchmark alone (``kill``, not a terminal's Ctrl-C to the whole group): pass it
+    on to the running seeds' recipes, each of which checkpoints and exits, and start no further seed."""
+    INTERRUPTED.set()
+    with RUNNING_LOCK:
+        for proc in RUNNING:
+            proc.send_signal(signum)  # a recipe already stopping drops a second signal
 
 
 def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extra: list[str]) -> dict:
@@ -52,8 +66,17 @@ def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extr
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "summary.json").exists():
         with log.open("a") as f:
-            proc = subprocess.run([sys.executable, str(ROOT / "recipes" / f"{algo}.py"), *cmd],
-                                  stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+            proc = subprocess.Popen([sys.executable, str(ROOT / "recipes" / f"{algo}.py"), *cmd],
+                                    stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+            with RUNNING_LOCK:
+                RUNNING.add(proc)
+                if INTERRUPTED.is_set():  # stopped while this seed was starting
+                    proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait()
+            finally:
+                with RUNNING_LOCK:
+                    RUNNING.discard(proc)
         if proc.returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # the recipe's exit after its checkpoint
             INTERRUPTED.set()
         if proc.returncode != 0:
@@ -134,6 +157,8 @@ def main() -> None:
     if args.resume is not None and not args.resume.is_dir():
         parser.error(f"--resume {args.resume}: no such benchmark directory")
     start = time.time()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward_stop)
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(
             lambda s: run_seed(args.algo, args.preset, s, args.frames, bench_dir / f"seed{s}", extra),
