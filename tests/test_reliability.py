@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -69,25 +70,28 @@ def test_a_second_run_into_a_locked_run_dir_is_refused_with_one_line(tmp_path):
 
 
 @pytest.mark.integration
-def test_a_signal_to_the_learning_benchmark_alone_reaches_its_seed_which_checkpoints(tmp_path):
-    """``kill -INT <benchmark pid>`` (not the whole group): the running seed's recipe gets the signal, checkpoints,
-    and the benchmark ends with its one "continue with" line; the seed after it never starts."""
-    bench = subprocess.Popen([sys.executable, str(Path(RECIPE).parents[1] / "benchmarks" / "learning.py"), "acer",
-                              "cartpole", "--seeds", "2", "--frames", "200000", "--results", str(tmp_path / "results"),
-                              "--runs", str(tmp_path / "runs"), "--name", "stop", "eval.episodes=2"],
-                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seed0 = lambda: next(tmp_path.glob("runs/stop-*/seed0"), None)  # noqa: E731
-    try:
-        wait_for(lambda: seed0() is not None and (seed0() / "metrics.csv").exists(), bench, 180)  # learning
-        bench.send_signal(signal.SIGINT)
-        output = bench.communicate(timeout=120)[0]
-    finally:
-        if bench.poll() is None:
-            os.killpg(bench.pid, signal.SIGKILL)
-    assert bench.returncode == 1 and "Traceback" not in output, output
-    assert output.strip().splitlines()[-1].startswith("interrupted; the runs are checkpointed: continue with")
-    assert "interrupted at" in seed0().with_suffix(".log").read_text()
-    assert (seed0() / "checkpoint").exists() and not seed0().with_name("seed1").exists()
+def test_a_signal_to_the_learning_benchmark_reaches_its_running_seed_which_checkpoints(tmp_path, monkeypatch):
+    """``kill -INT <benchmark pid>`` (not the whole group) runs ``learning.forward_stop`` in the benchmark: the
+    running seed's recipe gets the signal and checkpoints, and the seed after it never starts. In-process (the
+    benchmark's own start needs the ``bench`` extra, which ``make install`` leaves out)."""
+    monkeypatch.syspath_prepend(str(Path(RECIPE).parents[1] / "benchmarks"))
+    import learning
+
+    monkeypatch.setattr(learning, "INTERRUPTED", threading.Event())
+    seed0, results = tmp_path / "seed0", []
+    runner = threading.Thread(target=lambda: results.append(
+        learning.run_seed("acer", "cartpole", 0, 200_000, seed0, ["eval.episodes=2"])))
+    runner.start()
+    deadline = time.monotonic() + 180
+    while not (seed0 / "metrics.csv").exists():  # learning
+        assert runner.is_alive() and time.monotonic() < deadline, results
+        time.sleep(0.1)
+    learning.forward_stop(signal.SIGINT, None)
+    runner.join(timeout=120)
+    assert not runner.is_alive() and results == [{"seed": 0, "failed": f"exit 130, see {seed0.with_suffix('.log')}"}]
+    assert "interrupted at" in seed0.with_suffix(".log").read_text() and (seed0 / "checkpoint").exists()
+    later = learning.run_seed("acer", "cartpole", 1, 200_000, tmp_path / "seed1", [])
+    assert later["failed"] == "not started: the benchmark was interrupted" and not (tmp_path / "seed1").exists()
 
 
 def test_the_lock_is_exclusive_within_a_process_too(tmp_path):
