@@ -8,7 +8,9 @@ costs one: the newest frame of its next observation. Each stored step keeps ``k 
     ids[t] = [f_{t-k+1}, ..., f_t, f_{t+1}]      observation = frames[ids[t, :k]], next = frames[ids[t, 1:]]
 
 so that a ``[B, T]`` sequence's observations and next observations (the bootstrap rows) come out of one index op
-on the frames, as two views of the same ``[B, T, k + 1, 84, 84]`` gather. A trajectory's first stored step (a
+on the frames, as two views of the same ``[B, T, k + 1, 84, 84]`` gather. For a learner on another device (a GPU)
+the frames a draw reads are gathered once each (a 20-step sequence of 4-frame stacks reads 24 distinct frames of
+its 100 ids), moved there, and expanded into the stacks on that device. A trajectory's first stored step (a
 reset, a life lost with ``episodic_life``, or after a gap or a resume) stores its whole stack; a step that
 continues a trajectory takes its predecessor's ids shifted by one. A step whose next observation is not its own
 stack shifted by one frame (ale-py restarts a game now and then at the step after a lost life) gets that next
@@ -125,27 +127,36 @@ class FrameStore:
         whole = self.next_ids[last]
         return (whole if whole[0] >= 0 else self.ids[last, 1:]).clone()
 
-    def gather(self, step_slots: torch.Tensor, current: bool, following: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def gather(
+        self, step_slots: torch.Tensor, current: bool, following: bool, device: torch.device | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """``(observation, next observation)`` of ``step_slots`` (1-D), each ``[N, k, ...]`` (None where not asked
         for), gathered in one index op: when both are asked for, they are views of one ``[N, k + 1, ...]`` gather
-        (a next stack stored whole is gathered apart, into a copy)."""
+        (a next stack stored whole is gathered apart, into a copy). On ``device`` when given (see :meth:`_frames`)."""
         first, last = (0 if current else 1), (self.stack + 1 if following else self.stack)
         ids = self.ids[step_slots, first:last]
-        observation = self._frames(ids)
+        observation = self._frames(ids, device)
         following_obs = observation[:, last - first - self.stack :] if following else None
         if following:
             whole = self.next_ids[step_slots]
             rows = whole[:, 0] >= 0
             if rows.any():
                 following_obs = following_obs.clone()
-                following_obs[rows] = self._frames(whole[rows])
+                following_obs[rows.to(following_obs.device)] = self._frames(whole[rows], device)
         return (observation[:, : self.stack] if current else None), following_obs
 
-    def _frames(self, ids: torch.Tensor) -> torch.Tensor:
+    def _frames(self, ids: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
         """The frames of ``ids`` (any shape), by one index_select on the flat ids (~10x faster than advanced
-        indexing with a 2-D index)."""
+        indexing with a 2-D index). For another ``device`` than the ring's, each distinct frame is read and moved
+        once and the ids are expanded there: the stacks of a sequence share most of their frames, and a
+        ``[N, k + 1]`` gather moved whole would carry each of them ``k + 1`` times."""
         stored = stored_tensordict(self.storage).get(FRAME_KEY)
-        return stored.index_select(0, ids.reshape(-1)).view(*ids.shape, *stored.shape[1:])
+        flat = ids.reshape(-1)
+        if device is None or torch.device(device) == stored.device:
+            return stored.index_select(0, flat).view(*ids.shape, *stored.shape[1:])
+        distinct, position = torch.unique(flat, return_inverse=True)
+        frames = stored.index_select(0, distinct).to(device, non_blocking=True)
+        return frames.index_select(0, position.to(device, non_blocking=True)).view(*ids.shape, *stored.shape[1:])
 
     # ------------------------------------------------------------------ persistence and size
     def state(self) -> dict:

@@ -111,7 +111,9 @@ class Replay(Protocol):
 
     def extend(self, batch: TensorDictBase) -> torch.Tensor: ...
 
-    def sample_sequences(self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None) -> TensorDictBase: ...
+    def sample_sequences(
+        self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None, device: torch.device | None = None
+    ) -> TensorDictBase: ...  # on ``device`` when given (the learner's)
 
     def sample_steps(self, batch_size: int, keys: list[NestedKey] | None = None) -> TensorDictBase: ...
 
@@ -329,17 +331,22 @@ class EpisodeReplay:
             idx[:, j] = np.where(mask[:, j], nxt, idx[:, j - 1])
         return torch.from_numpy(idx), torch.from_numpy(mask)
 
-    def gather(self, idx: torch.Tensor, keys: list[NestedKey] | None = None) -> TensorDictBase:
+    def gather(
+        self, idx: torch.Tensor, keys: list[NestedKey] | None = None, device: torch.device | None = None
+    ) -> TensorDictBase:
         """Stored steps at slots ``idx`` (any shape), with their slot numbers under ``"slot"``; only
-        ``keys`` (those stored) when given: indexing costs time per stored key."""
-        data = self._index(idx.reshape(-1), keys).reshape(idx.shape)
+        ``keys`` (those stored) when given: indexing costs time per stored key. On ``device`` when given: stacked
+        frames travel as distinct frames (:meth:`FrameStore.gather <acer_torchrl.frame_store.FrameStore.gather>`)."""
+        data = self._index(idx.reshape(-1), keys, device).reshape(idx.shape)
         data.set(SLOT_KEY, idx)
         return data
 
-    def _index(self, flat_idx: torch.Tensor, keys: list[NestedKey] | None) -> TensorDictBase:
-        """Stored steps at 1-D ``flat_idx``; only ``keys`` (those stored) when given."""
+    def _index(
+        self, flat_idx: torch.Tensor, keys: list[NestedKey] | None, device: torch.device | None = None
+    ) -> TensorDictBase:
+        """Stored steps at 1-D ``flat_idx``; only ``keys`` (those stored) when given; on ``device`` when given."""
         rebuilt = [k for k in self.successor_keys or () if keys is None or ("next", k) in keys]
-        stacks = self._stacks(flat_idx, keys) if self.frames is not None else {}
+        stacks = self._stacks(flat_idx, keys, device) if self.frames is not None else {}
         if keys is None:
             data = self.buffer.storage.get(flat_idx)
         else:  # one index_select per stored column: a third of the time TensorDict's own indexing takes
@@ -351,17 +358,21 @@ class EpisodeReplay:
             )
         for key in rebuilt:
             data.set(("next", key), self._next_value(key, flat_idx))
+        if device is not None and data.device != torch.device(device):
+            data = data.to(device)
         for key, value in stacks.items():
             data.set(key, value)
         return data
 
-    def _stacks(self, flat_idx: torch.Tensor, keys: list[NestedKey] | None) -> dict[NestedKey, torch.Tensor]:
+    def _stacks(
+        self, flat_idx: torch.Tensor, keys: list[NestedKey] | None, device: torch.device | None
+    ) -> dict[NestedKey, torch.Tensor]:
         """The stacked observations of ``keys`` (all when None) at ``flat_idx``, from the frame store."""
         current = keys is None or FRAMES_KEY in keys
         following = keys is None or ("next", FRAMES_KEY) in keys
         if not (current or following):
             return {}
-        observation, following_obs = self.frames.gather(flat_idx, current, following)
+        observation, following_obs = self.frames.gather(flat_idx, current, following, device)
         return {k: v for k, v in ((FRAMES_KEY, observation), (("next", FRAMES_KEY), following_obs)) if v is not None}
 
     def _next_value(self, key: str, flat_idx: torch.Tensor) -> torch.Tensor:
@@ -376,11 +387,13 @@ class EpisodeReplay:
             values[~has_successor] = stored_tensordict(self.episode_ends).get(("next", key))[entry]
         return values
 
-    def sample_sequences(self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
+    def sample_sequences(
+        self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None, device: torch.device | None = None
+    ) -> TensorDictBase:
         """``[batch_size, seq_len]`` sequences starting at uniformly drawn stored steps; only ``keys`` when
-        given."""
+        given; on ``device`` when given."""
         idx, mask = self.follow(self._sample_starts(batch_size), seq_len)
-        data = self.gather(idx, keys)
+        data = self.gather(idx, keys, device)
         data.set(MASK_KEY, mask)
         return data
 

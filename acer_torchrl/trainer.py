@@ -239,7 +239,7 @@ class Trainer:
             parts.append(self.online.take(n_online).to(self.device))
         if seq_len == 1 and not n_online:
             return self.replay.sample_steps(cfg.batch_size, self.loss.in_keys)
-        replayed = self.replay.sample_sequences(cfg.batch_size - n_online, seq_len, self.loss.in_keys).to(self.device)
+        replayed = self.replay.sample_sequences(cfg.batch_size - n_online, seq_len, self.loss.in_keys, self.device)
         if self.agent.recurrent:
             if cfg.recurrent_state == "refresh":
                 with set_recurrent_mode(True):

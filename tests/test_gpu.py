@@ -166,3 +166,21 @@ def test_gpu_checkpoint_resumes_on_cpu_and_back(tmp_path):
     steps = resume_across_devices(tmp_path / "run", ("cuda", "cpu", "cuda"))
     assert [s for s, _ in steps] == sorted(s for s, _ in steps) and steps[-1][0] >= 4000
     assert steps[0][1] < steps[1][1] < steps[2][1]  # the update count carries over each resume
+
+
+def test_frame_store_draws_on_cuda_equal_cpu():
+    """A frame-store replay's draw for a CUDA learner (each distinct frame moved once, expanded on the GPU) holds
+    the stacks a CPU draw of the same slots holds (the CPU path: ``tests/test_replay.py``)."""
+    from test_replay import random_batches
+
+    from acer_torchrl.replay import EpisodeReplay
+
+    replay = EpisodeReplay(200, seed=0, frame_stack=4)
+    for batch in random_batches(20, seed=2):
+        replay.extend(batch)
+    slots = replay.alive_slots()
+    keys = ["observation", ("next", "observation"), "step_count"]
+    on_cpu, on_cuda = replay.gather(slots, keys), replay.gather(slots, keys, device=torch.device("cuda"))
+    assert on_cuda["observation"].is_cuda and on_cuda["next", "observation"].is_cuda
+    for key in keys:
+        assert torch.equal(on_cuda[key].cpu(), on_cpu[key])

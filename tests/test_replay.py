@@ -461,6 +461,11 @@ def test_frames_stored_once_give_back_the_collected_stacks(monkeypatch, frame_ri
         b = plain.gather(alive, ["observation", ("next", "observation")])
         assert torch.equal(a["observation"], b["observation"])
         assert torch.equal(a["next", "observation"], b["next", "observation"])
+        # a learner on another device gets each distinct frame moved once and expanded there; "cpu:0" is not
+        # "cpu" to torch.device's comparison, so this draw takes the path of a GPU learner's
+        moved = framed.gather(alive, ["observation", ("next", "observation")], device=torch.device("cpu", 0))
+        assert torch.equal(moved["observation"], a["observation"])
+        assert torch.equal(moved["next", "observation"], a["next", "observation"])
         shifted = (a["next", "observation"][:, :-1] == a["observation"][:, 1:]).flatten(1).all(1)
         breaks += int((~shifted).sum())
     assert framed.steps_written > 4 * capacity and breaks > 0

@@ -46,7 +46,9 @@ class EpisodeStore(Protocol):
         """``steps_written`` and the links after those writes, taken together (other writers may go on)."""
         ...
 
-    def gather(self, idx: torch.Tensor, keys: list[NestedKey] | None = None) -> TensorDictBase: ...
+    def gather(
+        self, idx: torch.Tensor, keys: list[NestedKey] | None = None, device: torch.device | None = None
+    ) -> TensorDictBase: ...
 
 
 class SlotEstimates:

@@ -182,8 +182,11 @@ class AgentReplay:
         self.sampled += torch.bincount(ids[real].reshape(-1), minlength=self.sampled.numel())
         return sample
 
-    def sample_sequences(self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
-        return self._count(self.shared.sample_sequences(batch_size, seq_len, self._with_agent(keys)))
+    def sample_sequences(
+        self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None, device: torch.device | None = None
+    ) -> TensorDictBase:
+        """Drawn by the shared replay (on its side of the RPC), then moved to ``device`` when given."""
+        return _moved(self._count(self.shared.sample_sequences(batch_size, seq_len, self._with_agent(keys))), device)
 
     def sample_steps(self, batch_size: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
         return self._count(self.shared.sample_steps(batch_size, self._with_agent(keys)))
@@ -215,8 +218,10 @@ class AgentReplay:
     def episode_links(self) -> tuple[int, EpisodeLinks]:
         return self.shared.episode_links()
 
-    def gather(self, idx: torch.Tensor, keys: list[NestedKey] | None = None) -> TensorDictBase:
-        return self.shared.gather(idx, keys)
+    def gather(
+        self, idx: torch.Tensor, keys: list[NestedKey] | None = None, device: torch.device | None = None
+    ) -> TensorDictBase:
+        return _moved(self.shared.gather(idx, keys), device)
 
     def save(self, path: Path) -> dict[str, dict]:
         """The shared replay (owner only) and this agent's ``sampled`` counts (every agent); returns the
@@ -239,3 +244,6 @@ class AgentReplay:
             self.sampled = torch.tensor(json.loads((path / SAMPLED_FILE).read_text()), dtype=torch.long)
 
 
+def _moved(sample: TensorDictBase, device: torch.device | None) -> TensorDictBase:
+    """``sample`` on ``device`` (as it is when None): a draw comes over the RPC on the shared replay's device."""
+    return sample if device is None else sample.to(device)
