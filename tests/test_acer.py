@@ -82,8 +82,9 @@ def discrete_batch(seed=0, behaviour_noise=None) -> TensorDict:
     return td
 
 
-def discrete_reference(td, c, average_bias=None, delta=None):
-    """Plain loop over ACER Alg. 2 / eq. 5, 9, 12: Q^ret [B, T] and the projected z* [B, T, A]."""
+def discrete_reference(td, c, average_bias=None, delta=None, target_q_bias=None):
+    """Plain loop over ACER Alg. 2 / eq. 5, 9, 12: Q^ret [B, T] and the projected z* [B, T, A]. With
+    ``target_q_bias``, Q^ret reads ``Q + target_q_bias`` (the average critic), the policy terms Q itself."""
     obs, next_obs = td["observation"].detach(), td["next", "observation"].detach()
     mask = td["mask"]
     q_ret = torch.zeros(B, T, dtype=torch.float64)
@@ -92,6 +93,10 @@ def discrete_reference(td, c, average_bias=None, delta=None):
 
     def pi_q(x):
         return torch.softmax(x[:A], -1), x[A:]
+
+    def pi_target_q(x):  # the learning policy with the Q that Q^ret reads
+        pi, q = pi_q(x)
+        return pi, q if target_q_bias is None else q + target_q_bias
 
     for b in range(B):
         for t in reversed(range(T)):
@@ -102,10 +107,10 @@ def discrete_reference(td, c, average_bias=None, delta=None):
             if terminal:
                 q_ret[b, t] = r
             elif bootstrap:
-                pi_n, q_n = pi_q(next_obs[b, t])
+                pi_n, q_n = pi_target_q(next_obs[b, t])
                 q_ret[b, t] = r + GAMMA * (pi_n * q_n).sum()
             else:  # eq. 5 with rho-bar_{t+1} = min(1, rho_{t+1}) (Alg. 2)
-                pi_n, q_n = pi_q(obs[b, t + 1])
+                pi_n, q_n = pi_target_q(obs[b, t + 1])
                 mu_n = torch.softmax(td["behaviour", "logits"][b, t + 1], -1)
                 a_n = int(td["action"][b, t + 1])
                 c_n = min(1.0, float(pi_n[a_n] / mu_n[a_n]))
@@ -231,6 +236,57 @@ def test_terminated_and_truncated_windows_give_different_targets():
     assert float(q_trunc[0, 2] - q_term[0, 2]) == pytest.approx(GAMMA * v_next)  # truncation bootstraps
     torch.testing.assert_close(q_term[1:], q_trunc[1:])  # other rows unaffected
     assert float(td["next", "reward"][0, 2]) == pytest.approx(float(q_term[0, 2]))  # terminal: Q^ret = r
+
+
+class QFromObsWithBias(nn.Module):
+    """Q = obs[A:] + bias: a critic with a parameter, so that its average copy can differ from it."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(A, dtype=torch.float64))
+
+    def forward(self, obs):
+        return obs[..., A:] + self.bias
+
+
+def test_average_critic_builds_q_ret_from_the_average_q_and_the_learning_policy():
+    """With ``average_critic`` every Q in the Retrace recursion (eq. 5), bootstraps included, is the average
+    network's, weighted by the learning policy (not the average one); the policy gradient's Q^ret - V and
+    bias correction (eq. 9) and the regressed Q stay the learning critic's."""
+    td = discrete_batch(seed=4)
+    actor = TensorDictModule(LogitsFromObs(), ["observation"], ["logits"])
+    critic = TensorDictModule(QFromObsWithBias(), ["observation"], ["action_value"])
+    loss = ACERLoss(actor, critic, discrete=True, gamma=GAMMA, entropy_coeff=0.0, c=1.5, trust_region=False,
+                    average_critic=True)
+    target_q_bias = torch.tensor([0.7, -1.1, 0.4], dtype=torch.float64)
+    with torch.no_grad():
+        loss.target_critic_network_params["module", "bias"].copy_(target_q_bias)
+        loss.target_actor_network_params["module", "bias"].copy_(torch.tensor([2.0, -2.0, 0.5]))  # must not count
+    g_policy, g_critic, _ = grads(loss, td)
+    q_ret, g, _, _ = discrete_reference(td, 1.5, target_q_bias=target_q_bias)
+    mask = td["mask"]
+    torch.testing.assert_close(q_ret_from_critic_grad(td, g_critic)[mask], q_ret[mask])
+    torch.testing.assert_close(g_policy[..., :A], -g / mask.sum() * mask.unsqueeze(-1))
+    plain_q_ret = discrete_reference(td, 1.5)[0]
+    assert not torch.allclose(plain_q_ret[mask], q_ret[mask])  # the average critic changed the targets
+
+
+def test_average_critic_is_averaged_with_the_policy_and_is_not_trained():
+    """``FusedSoftUpdate`` moves the critic's average copy as the policy's (sec. 3.3's rule, alpha); neither is a
+    trained parameter; continuous ACER refuses the option (its Q^ret reads the SDN's sampled Q~)."""
+    actor = TensorDictModule(LogitsFromObs(), ["observation"], ["logits"])
+    critic = TensorDictModule(QFromObsWithBias(), ["observation"], ["action_value"])
+    loss = ACERLoss(actor, critic, discrete=True, trust_region=False, average_critic=True)
+    updater = FusedSoftUpdate(loss, eps=0.9)
+    with torch.no_grad():
+        loss.critic_network_params["module", "bias"].fill_(1.0)
+        loss.actor_network_params["module", "bias"].fill_(2.0)
+    updater.step()
+    torch.testing.assert_close(loss.target_critic_network_params["module", "bias"], torch.full((A,), 0.1).double())
+    torch.testing.assert_close(loss.target_actor_network_params["module", "bias"], torch.full((A,), 0.2).double())
+    assert all("target" not in name for name, _ in loss.named_parameters())
+    with pytest.raises(ValueError, match="discrete"):
+        ACERLoss(actor, critic, nn.Linear(1, 1), discrete=False, average_critic=True)
 
 
 # ---------------------------------------------------------------------------------------------- continuous
@@ -471,17 +527,18 @@ def test_exported_from_objectives():
     assert objectives.ACERLoss is ACERLoss
 
 
-@pytest.mark.parametrize("lstm", [False, True])
-def test_built_agent_trains_every_network_on_acted_sequences(lstm):
-    """build() on CartPole (with and without an LSTM core): sequences acted by the agent's own policy
-    (behaviour statistics written at acting time), one Adam step moves every trained parameter and the
-    average policy network, and the acting policy shares the trained weights."""
+@pytest.mark.parametrize("lstm,average_critic", [(False, False), (True, False), (False, True), (True, True)])
+def test_built_agent_trains_every_network_on_acted_sequences(lstm, average_critic):
+    """build() on CartPole (with and without an LSTM core, with and without the average critic): sequences acted
+    by the agent's own policy (behaviour statistics written at acting time), one Adam step moves every trained
+    parameter and the average network, and the acting policy shares the trained weights."""
     from torchrl.modules import set_recurrent_mode
 
     from acer_torchrl.algorithms import get_algorithm
     from acer_torchrl.envs import env_info
 
-    overrides = [f"network.lstm={lstm}", "network.lstm_hidden=8", "network.hidden=[16]"]
+    overrides = [f"network.lstm={lstm}", "network.lstm_hidden=8", "network.hidden=[16]",
+                 f"acer.average_critic={average_critic}"]
     cfg = load_config("acer", ["preset=cartpole", *overrides])
     agent = get_algorithm("acer").build(cfg, env_info(cfg.env))
     torch.manual_seed(0)
@@ -501,7 +558,10 @@ def test_built_agent_trains_every_network_on_acted_sequences(lstm):
     loss = agent.loss
     params = [p for p in loss.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
-    average_before = loss.target_actor_network_params.clone()
+    averages = [getattr(loss, name) for name in ("target_actor_network_params", "target_critic_network_params")
+                if hasattr(loss, name)]
+    assert len(averages) == 1 + average_critic
+    averages_before = [average.clone() for average in averages]
     optimizer = torch.optim.Adam(params, lr=1e-2)
     out = loss(td)
     assert set(loss.out_keys) == set(out.keys())
@@ -510,8 +570,9 @@ def test_built_agent_trains_every_network_on_acted_sequences(lstm):
     for updater in agent.updaters:
         updater.step()
     assert all(not torch.equal(p, q) for p, q in zip(params, before))
-    moved = (loss.target_actor_network_params.detach() - average_before.detach()).abs()
-    assert all(float(v.sum()) > 0 for v in moved.values(True, True))
+    for average, before in zip(averages, averages_before):
+        moved = (average.detach() - before.detach()).abs()
+        assert all(float(v.sum()) > 0 for v in moved.values(True, True))
     policy_params = {id(p) for p in agent.policy.parameters()}
     assert policy_params <= {id(p) for p in params}
     assert float(out["rho"]) == pytest.approx(1.0)  # acted by this very policy: rho = 1

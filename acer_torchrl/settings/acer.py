@@ -24,6 +24,9 @@ class ACERConfig:
     entropy_coeff: float = 0.001  # weight of the entropy bonus (sec. 4: 0.001)
     critic_coeff: float = 1.0  # weight of 1/2 (Q^ret - Q)^2 (eq. 6) [+ 1/2 (V^target - V)^2, eq. 14]
     sdn_samples: int = 5  # n of eq. 13 (continuous)
+    # discrete: Q^ret reads the average network's Q (its critic head averaged like the policy, alpha), a target
+    # network as Reactor's (eq. 7); not in ACER, which bootstraps on the critic it trains (sec. 3.1)
+    average_critic: bool = False
     sdn_hidden: list[int] = field(default_factory=lambda: [64])  # the SDN's advantage network A(x, a)
     init_std: float = 0.3  # Gaussian policy std (sec. 6: fixed 0.3)
     learn_std: bool = False  # learn a state-independent std instead of the fixed one
