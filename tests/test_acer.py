@@ -21,7 +21,7 @@ from torchrl.objectives import SoftUpdate
 from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.algorithms.acer import SDNAdvantage
 from acer_torchrl.objectives.acer import ACERLoss
-from acer_torchrl.objectives.updaters import FusedSoftUpdate
+from acer_torchrl.objectives.updaters import FusedSoftUpdate, average_updater, target_updater
 from windows import layout, padded_window
 
 GAMMA = 0.9
@@ -249,44 +249,58 @@ class QFromObsWithBias(nn.Module):
         return obs[..., A:] + self.bias
 
 
-def test_average_critic_builds_q_ret_from_the_average_q_and_the_learning_policy():
-    """With ``average_critic`` every Q in the Retrace recursion (eq. 5), bootstraps included, is the average
-    network's, weighted by the learning policy (not the average one); the policy gradient's Q^ret - V and
-    bias correction (eq. 9) and the regressed Q stay the learning critic's."""
-    td = discrete_batch(seed=4)
+def target_loss(**kwargs) -> ACERLoss:
     actor = TensorDictModule(LogitsFromObs(), ["observation"], ["logits"])
     critic = TensorDictModule(QFromObsWithBias(), ["observation"], ["action_value"])
-    loss = ACERLoss(actor, critic, discrete=True, gamma=GAMMA, entropy_coeff=0.0, c=1.5, trust_region=False,
-                    average_critic=True)
+    return ACERLoss(actor, critic, discrete=True, gamma=GAMMA, entropy_coeff=0.0, target_update=5, **kwargs)
+
+
+def test_target_network_builds_q_ret_from_its_q_and_the_learning_policy():
+    """With ``target_update`` every Q in the Retrace recursion (eq. 5), bootstraps included, is the target
+    copy's, weighted by the learning policy (not the copy's); the policy gradient's Q^ret - V and bias
+    correction (eq. 9) and the regressed Q stay the learning critic's."""
+    td = discrete_batch(seed=4)
+    loss = target_loss(c=1.5, trust_region=False)
     target_q_bias = torch.tensor([0.7, -1.1, 0.4], dtype=torch.float64)
     with torch.no_grad():
-        loss.target_critic_network_params["module", "bias"].copy_(target_q_bias)
-        loss.target_actor_network_params["module", "bias"].copy_(torch.tensor([2.0, -2.0, 0.5]))  # must not count
+        loss.target_value_network_params["module", "1", "module", "bias"].copy_(target_q_bias)
+        loss.target_value_network_params["module", "0", "module", "bias"].copy_(torch.tensor([2.0, -2.0, 0.5]))
     g_policy, g_critic, _ = grads(loss, td)
     q_ret, g, _, _ = discrete_reference(td, 1.5, target_q_bias=target_q_bias)
     mask = td["mask"]
     torch.testing.assert_close(q_ret_from_critic_grad(td, g_critic)[mask], q_ret[mask])
     torch.testing.assert_close(g_policy[..., :A], -g / mask.sum() * mask.unsqueeze(-1))
     plain_q_ret = discrete_reference(td, 1.5)[0]
-    assert not torch.allclose(plain_q_ret[mask], q_ret[mask])  # the average critic changed the targets
+    assert not torch.allclose(plain_q_ret[mask], q_ret[mask])  # the target copy changed the targets
 
 
-def test_average_critic_is_averaged_with_the_policy_and_is_not_trained():
-    """``FusedSoftUpdate`` moves the critic's average copy as the policy's (sec. 3.3's rule, alpha); neither is a
-    trained parameter; continuous ACER refuses the option (its Q^ret reads the SDN's sampled Q~)."""
-    actor = TensorDictModule(LogitsFromObs(), ["observation"], ["logits"])
-    critic = TensorDictModule(QFromObsWithBias(), ["observation"], ["action_value"])
-    loss = ACERLoss(actor, critic, discrete=True, trust_region=False, average_critic=True)
-    updater = FusedSoftUpdate(loss, eps=0.9)
-    with torch.no_grad():
-        loss.critic_network_params["module", "bias"].fill_(1.0)
-        loss.actor_network_params["module", "bias"].fill_(2.0)
-    updater.step()
-    torch.testing.assert_close(loss.target_critic_network_params["module", "bias"], torch.full((A,), 0.1).double())
-    torch.testing.assert_close(loss.target_actor_network_params["module", "bias"], torch.full((A,), 0.2).double())
-    assert all("target" not in name for name, _ in loss.named_parameters())
+def test_target_network_is_copied_every_period_and_the_average_policy_apart():
+    """``target_updater`` copies the learning parameters into the target copy on every ``period``-th step only,
+    ``average_updater`` moves the average policy after every step and leaves the target copy alone; neither copy
+    is trained and the shared parameters are trained once; continuous ACER refuses the option (its Q^ret reads
+    the SDN's sampled Q~)."""
+    loss = target_loss(trust_region=True)
+    average, target = average_updater(loss, 0.9, ("actor_network",)), target_updater(loss, 3, ("value_network",))
+    copied = []
+    for step in range(6):
+        with torch.no_grad():
+            loss.critic_network.module.bias.fill_(float(step + 1))
+            loss.actor_network_params["module", "bias"].fill_(float(step + 1))
+        average_before = loss.target_actor_network_params["module", "bias"].clone()
+        average.step()
+        target.step()
+        copied.append(float(loss.target_value_network_params["module", "1", "module", "bias"][0]))
+        torch.testing.assert_close(  # the copy's actor part follows the same schedule
+            loss.target_value_network_params["module", "0", "module", "bias"][0], torch.tensor(copied[-1]).double()
+        )
+        torch.testing.assert_close(
+            loss.target_actor_network_params["module", "bias"], 0.9 * average_before + 0.1 * (step + 1)
+        )
+    assert copied == [0.0, 0.0, 3.0, 3.0, 3.0, 6.0]
+    names = [name for name, _ in loss.named_parameters()]
+    assert len(names) == 2 and all("target" not in name for name in names)
     with pytest.raises(ValueError, match="discrete"):
-        ACERLoss(actor, critic, nn.Linear(1, 1), discrete=False, average_critic=True)
+        ACERLoss(loss.actor_network, loss.critic_network, nn.Linear(1, 1), discrete=False, target_update=5)
 
 
 # ---------------------------------------------------------------------------------------------- continuous
@@ -527,18 +541,19 @@ def test_exported_from_objectives():
     assert objectives.ACERLoss is ACERLoss
 
 
-@pytest.mark.parametrize("lstm,average_critic", [(False, False), (True, False), (False, True), (True, True)])
-def test_built_agent_trains_every_network_on_acted_sequences(lstm, average_critic):
-    """build() on CartPole (with and without an LSTM core, with and without the average critic): sequences acted
-    by the agent's own policy (behaviour statistics written at acting time), one Adam step moves every trained
-    parameter and the average network, and the acting policy shares the trained weights."""
+@pytest.mark.parametrize("lstm,target_update", [(False, 0), (True, 0), (False, 1), (True, 1)])
+def test_built_agent_trains_every_network_on_acted_sequences(lstm, target_update):
+    """build() on CartPole (with and without an LSTM core, with and without a target network copied every update):
+    sequences acted by the agent's own policy (behaviour statistics written at acting time), one Adam step moves
+    every trained parameter, the average network and the target copy, and the acting policy shares the trained
+    weights."""
     from torchrl.modules import set_recurrent_mode
 
     from acer_torchrl.algorithms import get_algorithm
     from acer_torchrl.envs import env_info
 
     overrides = [f"network.lstm={lstm}", "network.lstm_hidden=8", "network.hidden=[16]",
-                 f"acer.average_critic={average_critic}"]
+                 f"acer.target_update={target_update}"]
     cfg = load_config("acer", ["preset=cartpole", *overrides])
     agent = get_algorithm("acer").build(cfg, env_info(cfg.env))
     torch.manual_seed(0)
@@ -558,9 +573,9 @@ def test_built_agent_trains_every_network_on_acted_sequences(lstm, average_criti
     loss = agent.loss
     params = [p for p in loss.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
-    averages = [getattr(loss, name) for name in ("target_actor_network_params", "target_critic_network_params")
+    averages = [getattr(loss, name) for name in ("target_actor_network_params", "target_value_network_params")
                 if hasattr(loss, name)]
-    assert len(averages) == 1 + average_critic
+    assert len(averages) == 1 + target_update
     averages_before = [average.clone() for average in averages]
     optimizer = torch.optim.Adam(params, lr=1e-2)
     out = loss(td)
