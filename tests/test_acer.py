@@ -21,7 +21,7 @@ from torchrl.objectives import SoftUpdate
 from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.algorithms.acer import SDNAdvantage
 from acer_torchrl.objectives.acer import ACERLoss
-from acer_torchrl.objectives.updaters import FusedSoftUpdate
+from acer_torchrl.objectives.updaters import FusedSoftUpdate, average_updater, target_updater
 from windows import layout, padded_window
 
 GAMMA = 0.9
@@ -82,8 +82,9 @@ def discrete_batch(seed=0, behaviour_noise=None) -> TensorDict:
     return td
 
 
-def discrete_reference(td, c, average_bias=None, delta=None):
-    """Plain loop over ACER Alg. 2 / eq. 5, 9, 12: Q^ret [B, T] and the projected z* [B, T, A]."""
+def discrete_reference(td, c, average_bias=None, delta=None, target_q_bias=None):
+    """Plain loop over ACER Alg. 2 / eq. 5, 9, 12: Q^ret [B, T] and the projected z* [B, T, A]. With
+    ``target_q_bias``, Q^ret reads ``Q + target_q_bias`` (the average critic), the policy terms Q itself."""
     obs, next_obs = td["observation"].detach(), td["next", "observation"].detach()
     mask = td["mask"]
     q_ret = torch.zeros(B, T, dtype=torch.float64)
@@ -92,6 +93,10 @@ def discrete_reference(td, c, average_bias=None, delta=None):
 
     def pi_q(x):
         return torch.softmax(x[:A], -1), x[A:]
+
+    def pi_target_q(x):  # the learning policy with the Q that Q^ret reads
+        pi, q = pi_q(x)
+        return pi, q if target_q_bias is None else q + target_q_bias
 
     for b in range(B):
         for t in reversed(range(T)):
@@ -102,10 +107,10 @@ def discrete_reference(td, c, average_bias=None, delta=None):
             if terminal:
                 q_ret[b, t] = r
             elif bootstrap:
-                pi_n, q_n = pi_q(next_obs[b, t])
+                pi_n, q_n = pi_target_q(next_obs[b, t])
                 q_ret[b, t] = r + GAMMA * (pi_n * q_n).sum()
             else:  # eq. 5 with rho-bar_{t+1} = min(1, rho_{t+1}) (Alg. 2)
-                pi_n, q_n = pi_q(obs[b, t + 1])
+                pi_n, q_n = pi_target_q(obs[b, t + 1])
                 mu_n = torch.softmax(td["behaviour", "logits"][b, t + 1], -1)
                 a_n = int(td["action"][b, t + 1])
                 c_n = min(1.0, float(pi_n[a_n] / mu_n[a_n]))
@@ -231,6 +236,71 @@ def test_terminated_and_truncated_windows_give_different_targets():
     assert float(q_trunc[0, 2] - q_term[0, 2]) == pytest.approx(GAMMA * v_next)  # truncation bootstraps
     torch.testing.assert_close(q_term[1:], q_trunc[1:])  # other rows unaffected
     assert float(td["next", "reward"][0, 2]) == pytest.approx(float(q_term[0, 2]))  # terminal: Q^ret = r
+
+
+class QFromObsWithBias(nn.Module):
+    """Q = obs[A:] + bias: a critic with a parameter, so that its average copy can differ from it."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(A, dtype=torch.float64))
+
+    def forward(self, obs):
+        return obs[..., A:] + self.bias
+
+
+def target_loss(**kwargs) -> ACERLoss:
+    actor = TensorDictModule(LogitsFromObs(), ["observation"], ["logits"])
+    critic = TensorDictModule(QFromObsWithBias(), ["observation"], ["action_value"])
+    return ACERLoss(actor, critic, discrete=True, gamma=GAMMA, entropy_coeff=0.0, target_update=5, **kwargs)
+
+
+def test_target_network_builds_q_ret_from_its_q_and_the_learning_policy():
+    """With ``target_update`` every Q in the Retrace recursion (eq. 5), bootstraps included, is the target
+    copy's, weighted by the learning policy (not the copy's); the policy gradient's Q^ret - V and bias
+    correction (eq. 9) and the regressed Q stay the learning critic's."""
+    td = discrete_batch(seed=4)
+    loss = target_loss(c=1.5, trust_region=False)
+    target_q_bias = torch.tensor([0.7, -1.1, 0.4], dtype=torch.float64)
+    with torch.no_grad():
+        loss.target_value_network_params["module", "1", "module", "bias"].copy_(target_q_bias)
+        loss.target_value_network_params["module", "0", "module", "bias"].copy_(torch.tensor([2.0, -2.0, 0.5]))
+    g_policy, g_critic, _ = grads(loss, td)
+    q_ret, g, _, _ = discrete_reference(td, 1.5, target_q_bias=target_q_bias)
+    mask = td["mask"]
+    torch.testing.assert_close(q_ret_from_critic_grad(td, g_critic)[mask], q_ret[mask])
+    torch.testing.assert_close(g_policy[..., :A], -g / mask.sum() * mask.unsqueeze(-1))
+    plain_q_ret = discrete_reference(td, 1.5)[0]
+    assert not torch.allclose(plain_q_ret[mask], q_ret[mask])  # the target copy changed the targets
+
+
+def test_target_network_is_copied_every_period_and_the_average_policy_apart():
+    """``target_updater`` copies the learning parameters into the target copy on every ``period``-th step only,
+    ``average_updater`` moves the average policy after every step and leaves the target copy alone; neither copy
+    is trained and the shared parameters are trained once; continuous ACER refuses the option (its Q^ret reads
+    the SDN's sampled Q~)."""
+    loss = target_loss(trust_region=True)
+    average, target = average_updater(loss, 0.9, ("actor_network",)), target_updater(loss, 3, ("value_network",))
+    copied = []
+    for step in range(6):
+        with torch.no_grad():
+            loss.critic_network.module.bias.fill_(float(step + 1))
+            loss.actor_network_params["module", "bias"].fill_(float(step + 1))
+        average_before = loss.target_actor_network_params["module", "bias"].clone()
+        average.step()
+        target.step()
+        copied.append(float(loss.target_value_network_params["module", "1", "module", "bias"][0]))
+        torch.testing.assert_close(  # the copy's actor part follows the same schedule
+            loss.target_value_network_params["module", "0", "module", "bias"][0], torch.tensor(copied[-1]).double()
+        )
+        torch.testing.assert_close(
+            loss.target_actor_network_params["module", "bias"], 0.9 * average_before + 0.1 * (step + 1)
+        )
+    assert copied == [0.0, 0.0, 3.0, 3.0, 3.0, 6.0]
+    names = [name for name, _ in loss.named_parameters()]
+    assert len(names) == 2 and all("target" not in name for name in names)
+    with pytest.raises(ValueError, match="discrete"):
+        ACERLoss(loss.actor_network, loss.critic_network, nn.Linear(1, 1), discrete=False, target_update=5)
 
 
 # ---------------------------------------------------------------------------------------------- continuous
@@ -471,17 +541,19 @@ def test_exported_from_objectives():
     assert objectives.ACERLoss is ACERLoss
 
 
-@pytest.mark.parametrize("lstm", [False, True])
-def test_built_agent_trains_every_network_on_acted_sequences(lstm):
-    """build() on CartPole (with and without an LSTM core): sequences acted by the agent's own policy
-    (behaviour statistics written at acting time), one Adam step moves every trained parameter and the
-    average policy network, and the acting policy shares the trained weights."""
+@pytest.mark.parametrize("lstm,target_update", [(False, 0), (True, 0), (False, 1), (True, 1)])
+def test_built_agent_trains_every_network_on_acted_sequences(lstm, target_update):
+    """build() on CartPole (with and without an LSTM core, with and without a target network copied every update):
+    sequences acted by the agent's own policy (behaviour statistics written at acting time), one Adam step moves
+    every trained parameter, the average network and the target copy, and the acting policy shares the trained
+    weights."""
     from torchrl.modules import set_recurrent_mode
 
     from acer_torchrl.algorithms import get_algorithm
     from acer_torchrl.envs import env_info
 
-    overrides = [f"network.lstm={lstm}", "network.lstm_hidden=8", "network.hidden=[16]"]
+    overrides = [f"network.lstm={lstm}", "network.lstm_hidden=8", "network.hidden=[16]",
+                 f"acer.target_update={target_update}"]
     cfg = load_config("acer", ["preset=cartpole", *overrides])
     agent = get_algorithm("acer").build(cfg, env_info(cfg.env))
     torch.manual_seed(0)
@@ -501,7 +573,10 @@ def test_built_agent_trains_every_network_on_acted_sequences(lstm):
     loss = agent.loss
     params = [p for p in loss.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
-    average_before = loss.target_actor_network_params.clone()
+    averages = [getattr(loss, name) for name in ("target_actor_network_params", "target_value_network_params")
+                if hasattr(loss, name)]
+    assert len(averages) == 1 + target_update
+    averages_before = [average.clone() for average in averages]
     optimizer = torch.optim.Adam(params, lr=1e-2)
     out = loss(td)
     assert set(loss.out_keys) == set(out.keys())
@@ -510,8 +585,9 @@ def test_built_agent_trains_every_network_on_acted_sequences(lstm):
     for updater in agent.updaters:
         updater.step()
     assert all(not torch.equal(p, q) for p, q in zip(params, before))
-    moved = (loss.target_actor_network_params.detach() - average_before.detach()).abs()
-    assert all(float(v.sum()) > 0 for v in moved.values(True, True))
+    for average, before in zip(averages, averages_before):
+        moved = (average.detach() - before.detach()).abs()
+        assert all(float(v.sum()) > 0 for v in moved.values(True, True))
     policy_params = {id(p) for p in agent.policy.parameters()}
     assert policy_params <= {id(p) for p in params}
     assert float(out["rho"]) == pytest.approx(1.0)  # acted by this very policy: rho = 1

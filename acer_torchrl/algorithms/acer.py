@@ -12,12 +12,12 @@ from torch import nn
 
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm, loss_options
-from acer_torchrl.config import Config
+from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import GaussianHead, MLPEncoder, acting_policy, learning_module, make_torso
 from acer_torchrl.objectives.acer import ACERLoss
 from acer_torchrl.objectives.common import policy_keys
-from acer_torchrl.objectives.updaters import FusedSoftUpdate
+from acer_torchrl.objectives.updaters import average_updater, target_updater
 from acer_torchrl.settings.acer import DEFAULT_PRESET, PRESETS, ACERConfig
 
 
@@ -37,13 +37,15 @@ class SDNAdvantage(nn.Module):
 
 
 # the fields of ACERConfig that build reads itself (the others go to ACERLoss)
-BUILD_READS = ("init_std", "learn_std", "sdn_hidden", "on_policy", "trust_region", "alpha")
+BUILD_READS = ("init_std", "learn_std", "sdn_hidden", "on_policy", "trust_region", "target_update", "alpha")
 
 
 def build(cfg: Config, info: EnvInfo) -> Agent:
     """Networks of ``cfg.network`` on one torso: policy head + Q head (discrete) or Gaussian policy +
     V head + SDN advantage network (continuous); the loss; the acting policy; the average-policy updater."""
     a: ACERConfig = cfg.algo
+    if a.target_update and not info.discrete:
+        raise ConfigError(f"acer.target_update is for discrete actions; {cfg.env.name} has continuous ones")
     net = cfg.network
     torso = make_torso(info, net.hidden, net.activation, net.lstm_hidden if net.lstm else None)
     if info.discrete:
@@ -68,7 +70,9 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
             hidden_keys=torso.hidden_keys, on_policy=info.discrete if a.on_policy is None else a.on_policy,
         ),
     )
-    updaters = [FusedSoftUpdate(loss, eps=a.alpha)] if a.trust_region else []
+    updaters = [average_updater(loss, a.alpha, ("actor_network",))] if a.trust_region else []
+    if a.target_update:
+        updaters.append(target_updater(loss, a.target_update, ("value_network",)))
     return Agent(loss=loss, policy=acting_policy(torso, policy_head, info), torsos=[torso], updaters=updaters)
 
 

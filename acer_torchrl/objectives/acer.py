@@ -40,6 +40,13 @@ Deviations from the paper, and why:
   (from the sequence's refreshed start state), not from the one stored at acting time
   (:func:`~acer_torchrl.objectives.common.next_state_values`, shared with LASER). Feed-forward, that
   evaluation rides in the same forward pass as the batch (:func:`~acer_torchrl.objectives.common.evaluate_with_next_steps`).
+* Optional, off by default (``target_update > 0``, discrete only): ``Q^ret`` reads ``Q`` of a target copy of
+  the network (torso and critic head) instead of the learning one, ``Q_T(x_t, a_t)`` and
+  ``V(x_{t+1}) = sum_a pi(a|x_{t+1}) Q_T(x_{t+1}, a)`` with pi the learning policy, as Reactor's Retrace reads its
+  target network (Gruslys et al. 2018, eq. 7); the copy is refreshed every ``target_update`` updates
+  (:func:`~acer_torchrl.objectives.updaters.target_updater`), as LASER's optional one. ACER bootstraps on the
+  network it trains (sec. 3.1); on CartPole that critic ran past ``1 / (1 - gamma)`` once episodes stopped
+  ending (``benchmarks/results/cartpole-stability.md``).
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict, TensorDictBase, TensorDictParams
-from tensordict.nn import TensorDictModuleBase
+from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from tensordict.utils import NestedKey
 from torch import nn
 from torchrl.modules.distributions import IndependentNormal
@@ -87,6 +94,9 @@ class ACERLoss(ReplayLoss):
         trust_region, delta: the efficient trust region (sec. 3.3, eq. 11-12).
         entropy_coeff, critic_coeff: weights of the entropy bonus and of the critic loss.
         sdn_samples: ``n`` of eq. 13.
+        target_update: discrete only: when > 0, ``Q^ret`` reads the ``Q`` of ``value_network`` (actor then
+            critic) run with ``target_value_network_params``, a copy refreshed every ``target_update`` updates;
+            not in ACER, see above.
         replay_ratio, on_policy: Alg. 1's master loop (:meth:`update_plan`).
         seq_len: steps per sequence.
         hidden_keys: recurrent state keys of ``actor_network``'s LSTM, written under ``("next", key)``
@@ -159,6 +169,9 @@ class ACERLoss(ReplayLoss):
     actor_network: TensorDictModuleBase
     actor_network_params: TensorDictParams
     target_actor_network_params: TensorDictParams
+    value_network: TensorDictModuleBase
+    value_network_params: TensorDictParams
+    target_value_network_params: TensorDictParams
 
     def __init__(
         self,
@@ -174,6 +187,7 @@ class ACERLoss(ReplayLoss):
         entropy_coeff: float = 0.001,
         critic_coeff: float = 1.0,
         sdn_samples: int = 5,
+        target_update: int = 0,
         replay_ratio: float = 4.0,
         on_policy: bool = True,
         seq_len: int = 20,
@@ -182,8 +196,14 @@ class ACERLoss(ReplayLoss):
         super().__init__()
         if not discrete and advantage_network is None:
             raise ValueError("continuous ACER needs the SDN advantage network (eq. 13)")
+        if target_update and not discrete:
+            raise ValueError("target_update is for discrete actions: the continuous Q^ret reads the SDN's sampled Q~")
         self.convert_to_functional(actor_network, "actor_network", create_target_params=trust_region)
         self.critic_network = critic_network
+        if target_update:  # the same parameters (trained once) and their copy, target_value_network_params
+            value_network = TensorDictSequential(actor_network, critic_network)
+            self.convert_to_functional(value_network, "value_network", create_target_params=True)
+            self._value = NetworkCall(self.value_network)
         self._actor = NetworkCall(self.actor_network)
         self._actor_critic = NetworkCall(self.actor_network, critic_network)
         self.advantage_network = advantage_network
@@ -195,6 +215,7 @@ class ACERLoss(ReplayLoss):
         self.entropy_coeff = entropy_coeff
         self.critic_coeff = critic_coeff
         self.sdn_samples = sdn_samples
+        self.target_update = target_update
         self.replay_ratio = replay_ratio
         self.on_policy = on_policy
         self.seq_len = seq_len
@@ -251,11 +272,17 @@ class ACERLoss(ReplayLoss):
             return -(log_pi.exp() * log_pi).sum(-1, keepdim=True)
         return self._distribution(stats).entropy().unsqueeze(-1)
 
-    def _state_value(self, out: Mapping) -> torch.Tensor:
-        """``V(x)``: ``sum_a pi(a|x) Q(x, a)`` (discrete, sec. 3.1) or the SDN's V head (continuous)."""
+    def _evaluate_target(self, inputs: TensorDictBase | dict[NestedKey, torch.Tensor]) -> Mapping:
+        """The target copy of the network (actor then critic) on ``inputs``."""
+        with torch.no_grad(), self.target_value_network_params.to_module(self.value_network):
+            return self._value(inputs)
+
+    def _state_value(self, out: Mapping, critic: Mapping | None = None) -> torch.Tensor:
+        """``V(x)``: ``sum_a pi(a|x) Q(x, a)`` (discrete, sec. 3.1; pi from ``out``, Q from ``critic``, by default
+        ``out`` too) or the SDN's V head (continuous)."""
         if self.discrete:
             pi = out.get(self.tensor_keys.logits).softmax(-1)
-            return (pi * out.get(self.tensor_keys.action_value)).sum(-1, keepdim=True)
+            return (pi * (out if critic is None else critic).get(self.tensor_keys.action_value)).sum(-1, keepdim=True)
         return out.get(self.tensor_keys.state_value)
 
     # ------------------------------------------------------------------ trust region (sec. 3.3)
@@ -336,12 +363,25 @@ class ACERLoss(ReplayLoss):
             with torch.no_grad(), self.target_actor_network_params.to_module(self.actor_network):
                 average = self._actor(inputs)
             average_stats = [average.get(key) for key in self._stat_keys]
+        # the critic whose values Q^ret reads: the learning one, or its target copy (target_update)
+        target, next_target = out, next_out
+        if self.target_update:
+            target, next_target = evaluate_with_next_steps(
+                self._evaluate_target, td, inputs, bootstrap, self.actor_network.in_keys, self.hidden_keys
+            )
         value = self._state_value(out)
         next_value = shift_in_bootstraps(
-            value.detach(), bootstrap, None if next_out is None else self._state_value(next_out).detach()
+            self._state_value(out, target).detach(),
+            bootstrap,
+            None if next_out is None else self._state_value(next_out, next_target).detach(),
         )
-        terms = self._discrete if self.discrete else self._continuous
-        g, critic, rho, q_ret = terms(td, out, stats, value, next_value, reward, terminated, done, mask)
+        if self.discrete:
+            q_target = target.get(keys.action_value).detach()
+            g, critic, rho, q_ret = self._discrete(
+                td, out, q_target, stats, value, next_value, reward, terminated, done, mask
+            )
+        else:
+            g, critic, rho, q_ret = self._continuous(td, out, stats, value, next_value, reward, terminated, done, mask)
         loss_objective, diagnostics = self._policy_surrogate(stats, g, average_stats, mask)
         entropy = masked_mean(self._entropy(stats), mask)
         return TensorDict(
@@ -359,8 +399,8 @@ class ACERLoss(ReplayLoss):
             batch_size=[],
         )
 
-    def _discrete(self, td, out, stats, value, next_value, reward, terminated, done, mask):
-        """Discrete ACER (sec. 3, Alg. 2)."""
+    def _discrete(self, td, out, q_target, stats, value, next_value, reward, terminated, done, mask):
+        """Discrete ACER (sec. 3, Alg. 2); ``Q^ret`` reads ``q_target`` (the learning critic's Q, or its target's)."""
         keys = self.tensor_keys
         action = td.get(keys.action).long().unsqueeze(-1)  # [B, T, 1] index
         q = out.get(keys.action_value)
@@ -372,7 +412,7 @@ class ACERLoss(ReplayLoss):
             q_all, v = q.detach(), value.detach()
             # Retrace (eq. 5) with c_t = min(1, rho_t) (Alg. 2's rho-bar_i)
             q_ret = functional.retrace(
-                self.gamma, reward, q_all.gather(-1, action), next_value, rho.clamp_max(1.0), terminated, done
+                self.gamma, reward, q_target.gather(-1, action), next_value, rho.clamp_max(1.0), terminated, done
             )
             rho_bar = rho.clamp_max(self.c)
             # eq. 9 bias correction over all actions: pi(a) [1 - c / rho(a)]_+ (Q(x, a) - V(x))

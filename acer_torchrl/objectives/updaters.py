@@ -17,13 +17,15 @@ from torchrl.objectives import HardUpdate, LossModule, SoftUpdate
 from acer_torchrl._torchrl_compat import foreach_copy_, foreach_lerp_
 
 
-def parameter_pairs(loss: LossModule) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def parameter_pairs(loss: LossModule, networks: tuple[str, ...] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """``(sources, targets)``: the tensors of ``loss``'s ``<name>_params`` that have a target in its
-    ``target_<name>_params``, and those targets, in matching order. As TorchRL's ``TargetNetUpdater.init_`` pairs
-    them: a source that requires a gradient (not a buffer) and whose target is another tensor."""
+    ``target_<name>_params`` (for the ``<name>`` in ``networks``; all when None), and those targets, in matching
+    order. As TorchRL's ``TargetNetUpdater.init_`` pairs them: a source that requires a gradient (not a buffer)
+    and whose target is another tensor."""
     sources, targets = [], []
     for name, _ in loss.named_children():
-        if name.startswith("target_") and name.endswith("_params"):
+        network = name[len("target_") : -len("_params")]
+        if name.startswith("target_") and name.endswith("_params") and (networks is None or network in networks):
             target_params, params = getattr(loss, name), getattr(loss, name[len("target_"):])
             for key, source in params.items(True, True):
                 target = target_params.get(key)
@@ -34,12 +36,15 @@ def parameter_pairs(loss: LossModule) -> tuple[list[torch.Tensor], list[torch.Te
 
 
 class _FusedPairs:
-    """The (source, target) tensor lists of a TorchRL target updater's loss, in matching order, taken once."""
+    """The (source, target) tensor lists of a TorchRL target updater's loss, in matching order, taken once: of
+    the networks in ``networks`` (all the loss's target pairs when None, TorchRL's own pairing)."""
+
+    networks: tuple[str, ...] | None = None
 
     def _pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         pairs = self.__dict__.get("_pairs_val")
         if pairs is None:
-            pairs = self.__dict__["_pairs_val"] = parameter_pairs(self.loss_module)
+            pairs = self.__dict__["_pairs_val"] = parameter_pairs(self.loss_module, self.networks)
         return pairs
 
 
@@ -67,8 +72,18 @@ class FusedHardUpdate(_FusedPairs, HardUpdate):
             self.counter += 1
 
 
-def target_updater(loss, period: int) -> FusedHardUpdate:
+def target_updater(loss, period: int, networks: tuple[str, ...] | None = None) -> FusedHardUpdate:
     """Copies ``loss``'s current parameters into its target ones every ``period`` learner steps (Reactor's
-    target network, sec. 3.4; LASER's optional one). TorchRL's ``HardUpdate`` copies on the
-    ``(interval + 1)``-th call of ``step()``, hence ``period - 1``."""
-    return FusedHardUpdate(loss, value_network_update_interval=period - 1)
+    target network, sec. 3.4; LASER's and ACER's optional ones), those of ``networks`` only when given. TorchRL's
+    ``HardUpdate`` copies on the ``(interval + 1)``-th call of ``step()``, hence ``period - 1``."""
+    updater = FusedHardUpdate(loss, value_network_update_interval=period - 1)
+    updater.networks = networks
+    return updater
+
+
+def average_updater(loss, alpha: float, networks: tuple[str, ...] | None = None) -> FusedSoftUpdate:
+    """``theta_a <- alpha theta_a + (1 - alpha) theta`` after every learner step (ACER's average policy network,
+    sec. 3.3), for the target parameters of ``networks`` only when given."""
+    updater = FusedSoftUpdate(loss, eps=alpha)
+    updater.networks = networks
+    return updater

@@ -10,7 +10,8 @@ from acer_torchrl.validation import allowed
 DEFAULT_PRESET = "cartpole"
 
 @allowed(replay_ratio="[0, 1000]", c="(0, inf)", delta="(0, inf)", alpha="[0, 1)", entropy_coeff="[0, inf)",
-         critic_coeff="[0, inf)", sdn_samples="[1, 1000]", sdn_hidden=MAX_WIDTH, init_std="(0, inf)")
+         critic_coeff="[0, inf)", sdn_samples="[1, 1000]", sdn_hidden=MAX_WIDTH, init_std="(0, inf)",
+         target_update="[0, 1000000]")
 @dataclass
 class ACERConfig:
     """``acer.<field>=`` overrides (paper values: Atari sec. 4, MuJoCo sec. 6)."""
@@ -24,6 +25,9 @@ class ACERConfig:
     entropy_coeff: float = 0.001  # weight of the entropy bonus (sec. 4: 0.001)
     critic_coeff: float = 1.0  # weight of 1/2 (Q^ret - Q)^2 (eq. 6) [+ 1/2 (V^target - V)^2, eq. 14]
     sdn_samples: int = 5  # n of eq. 13 (continuous)
+    # discrete: updates between copies of the network whose Q builds Q^ret (a target network as Reactor's, eq. 7);
+    # 0: none, Q^ret reads the critic it trains, as in ACER (sec. 3.1)
+    target_update: int = 0
     sdn_hidden: list[int] = field(default_factory=lambda: [64])  # the SDN's advantage network A(x, a)
     init_std: float = 0.3  # Gaussian policy std (sec. 6: fixed 0.3)
     learn_std: bool = False  # learn a state-independent std instead of the fixed one
