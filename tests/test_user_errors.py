@@ -264,7 +264,16 @@ class Limit(BaseException):
 def stop(*_):
     raise Limit
 
+def unraisable(report):
+    # the alarm landed in a __del__ (an env's, as a run is collected): Python swallows the Limit there and
+    # prints it; it is the driver's own, not the command's output: stop at the next chance instead
+    if isinstance(report.exc_value, Limit):
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+    else:
+        sys.__unraisablehook__(report)
+
 signal.signal(signal.SIGALRM, stop)
+sys.unraisablehook = unraisable
 results = []
 for argv in json.loads(sys.argv[1]):
     err, code = io.StringIO(), None
@@ -323,7 +332,8 @@ def test_fuzzed_overrides_run_or_fail_with_one_line(tmp_path):
         if r["code"] == 2:
             errors = [line for line in r["stderr"].strip().splitlines() if line.startswith("error: ")]
             assert len(errors) == 1 and r["stderr"].strip().endswith(errors[0]), (picked, r["stderr"])
-    assert codes.count(2) >= 10 and codes.count(0) >= 5, codes  # the fuzz reaches both ends
+    # the fuzz reaches both ends: refused configs, and accepted ones (run to the end, or still running at the limit)
+    assert codes.count(2) >= 10 and codes.count(0) + codes.count("running") >= 5, codes
 
 
 @pytest.mark.integration
