@@ -371,7 +371,7 @@ class ACERLoss(ReplayLoss):
             )
         value = self._state_value(out)
         next_value = shift_in_bootstraps(
-            self._state_value(out, target).detach(),
+            (value if target is out else self._state_value(out, target)).detach(),
             bootstrap,
             None if next_out is None else self._state_value(next_out, next_target).detach(),
         )
