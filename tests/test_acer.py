@@ -678,10 +678,9 @@ def test_lstm_bootstraps_from_the_unroll_state_not_the_stored_one():
 @pytest.mark.slow
 @pytest.mark.learning
 def test_cartpole_learns(tmp_path):
-    """Discrete ACER, preset=cartpole (gamma 0.999), 25.6k env steps (~70 s on 2 quiet cores): the final score
-    (mean greedy return of 10 episodes at 90, 95 and 100 % of the run) is far above random (~22). The 5-seed
-    benchmark of the preset (4 games a worker, results/learning.md: acer-cartpole-4envs) scored 212-478 at 22.5k-25k
-    (seed 0: 212, 283)."""
+    """Discrete ACER, preset=cartpole (gamma 0.999), 25.6k env steps (~100 s on 2 cores beside two benchmarks): the
+    final score (mean greedy return of 10 episodes at 90, 95 and 100 % of the run) is far above random (~22). The 30
+    seeds of the preset's benchmark (results/learning.md: acer-cartpole-seq32-*) scored 170-497 at 20k-25k."""
     from acer_torchrl.cli import run
 
     summary = run("acer", ["preset=cartpole", "total_frames=25600", "eval.interval=1000000",
