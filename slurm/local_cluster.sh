@@ -245,6 +245,16 @@ start_slurmdbd() {
 # nodes_idle N: sinfo lists N nodes, all idle
 nodes_idle() { [[ $(timeout 10 sinfo -h -N -o '%t' | grep -cx 'idle') == "$1" ]]; }
 
+# cancel_stale_jobs: a new slurmctld recovers the jobs of a cluster that was killed rather than stopped (its
+# saved state says they still run); their processes died with it, but they would hold the nodes for good.
+cancel_stale_jobs() {
+    local jobs
+    mapfile -t jobs < <(timeout 10 squeue -h -o %i)
+    ((${#jobs[@]})) || return 0
+    log "cancelling jobs left by a cluster that was killed, not stopped: ${jobs[*]}"
+    scancel "${jobs[@]}"
+}
+
 # start_slurmd N: one slurmd on this machine, or one per node namespace (its hostname set in a UTS namespace)
 start_slurmd() {
     local i
@@ -280,8 +290,10 @@ start() {
     start_munge
     start_mariadb
     start_slurmdbd
-    [[ -z $(pid_of slurmctld) ]] && slurmctld -f "$SLURM_CONF"
+    local fresh=0
+    if [[ -z $(pid_of slurmctld) ]]; then fresh=1; slurmctld -f "$SLURM_CONF"; fi
     wait_for 30 slurmctld timeout 10 scontrol ping
+    if ((fresh)); then cancel_stale_jobs; fi
     start_slurmd "$n"
     wait_for 60 "$n node(s) (sinfo idle)" nodes_idle "$n"
     wait_for 30 sacct timeout 10 sacct -n -X
