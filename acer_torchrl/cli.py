@@ -7,6 +7,7 @@ import importlib
 import logging
 import sys
 import warnings
+from collections.abc import Callable
 
 from acer_torchrl.checkpoint import CheckpointError
 from acer_torchrl.config import ConfigError, load_config
@@ -46,9 +47,15 @@ def help_text(recipe: str) -> str:
 def main(recipe: str, argv: list[str] | None = None) -> int:
     """Run a recipe from the command line; user errors end with one line on stderr and exit code 2, SIGINT /
     SIGTERM (at any moment, from here on) with one line and exit code 130 / 143."""
+    return with_stop_signals(lambda stops: run_from_command_line(recipe, sys.argv[1:] if argv is None else argv, stops))
+
+
+def with_stop_signals(command: Callable[[StopSignals], int]) -> int:
+    """``command``'s exit code, SIGINT / SIGTERM handled from here on by the :class:`StopSignals` it is given: a
+    stop ends with its one line on stderr and exit code 130 / 143."""
     stops = StopSignals().install()
     try:
-        return run_from_command_line(recipe, sys.argv[1:] if argv is None else argv, stops)
+        return command(stops)
     except Interrupted as stop:
         print(stop, file=sys.stderr)
         return stop.exit_code

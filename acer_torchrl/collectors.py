@@ -115,7 +115,9 @@ class SharedWeightsScheme(SharedMemWeightSyncScheme):
     receiver puts them into the policy with ``apply_weights(..., inplace=False)``): a worker acts with whatever
     they hold at its next policy call. For a CPU policy these tensors are the policy's own parameters (the
     collector moves them to shared memory in place, ``share_memory_()``), so a policy trained in place, or
-    copied into in place, is what the workers act with, without a push.
+    copied into in place, is what the workers act with, without a push. A policy call during the learner's
+    optimiser step may see some tensors already updated: the behaviour statistics stored with that step are
+    those of the weights it acted with, which is all the losses' importance weights need.
 
     TorchRL's ``send()`` still extracts the weights anew, copies them over the shared tensors (onto themselves,
     here), and sends each worker's receiver thread a message to apply the shared tensors (again onto

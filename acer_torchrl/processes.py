@@ -19,7 +19,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 
@@ -118,24 +118,36 @@ class RunGuard:
         if finished is not None:
             run.close()
             return finished
+        return self.train_in_turn([run])[0]
+
+    def train_in_turn(self, runs: Sequence[SteppedRun]) -> list[dict]:
+        """Several runs in one process, a batch each in turn until each is done (the agents of a shared-replay
+        sweep), or one (:meth:`train`); returns their summaries. A stop ends every run after the batch in hand,
+        each saved by its ``stop_early()``; a held requeue checkpoints every run first."""
         try:
             with self.holding_requeue():
-                for batch in run.start():
-                    with self.deferring_stops():
-                        done = run.step(batch)
-                    if done:
-                        break
-                    if self.held_requeue is not None:
-                        run.checkpoint()  # the requeued job resumes from this batch
-                        self.held_requeue()  # submitit: requeue, then exit
+                batches = [run.start() for run in runs]
+                running = list(range(len(runs)))
+                while running:  # one round: every run still going learns from one batch
+                    for i in list(running):
+                        batch = next(batches[i], None)
+                        with self.deferring_stops():
+                            done = batch is None or runs[i].step(batch)
+                            if done:
+                                runs[i].stop_collecting()
+                                running.remove(i)
+                        if not done and self.held_requeue is not None:
+                            for run in runs:
+                                run.checkpoint()  # the requeued job resumes from this batch
+                            self.held_requeue()  # submitit: requeue, then exit
             with self.deferring_stops():
-                run.stop_collecting()
-                return run.finish()
+                return [run.finish() for run in runs]
         except Interrupted as stop:
-            where = run.stop_early()
-            raise Interrupted(stop.signum, f"interrupted {where}" if where else None) from None
+            wheres = [where for where in (run.stop_early() for run in runs) if where]
+            raise Interrupted(stop.signum, f"interrupted {'; '.join(wheres)}" if wheres else None) from None
         finally:
-            run.close()
+            for run in runs:
+                run.close()
 
     def deferring_stops(self) -> contextlib.AbstractContextManager:
         """A block a stop signal waits for (:meth:`StopSignals.deferred`); a no-op without ``stop_signals``."""

@@ -8,8 +8,9 @@ Agent i trains with ``optim.lr`` and ``laser.entropy_coeff`` scaled by the facto
 ``seed + i``; every other key configures all agents (``replay.capacity`` is the one shared replay's).
 ``loss=vracer`` sweeps V-RACER agents instead (``optim.lr`` and seed only: V-RACER has no entropy cost;
 each agent keeps its own stored estimates of every shared step). ``mode=local`` steps all agents in this
-process; ``mode=processes`` runs one process per agent, rank 0 serving the replay over ``torch.distributed.rpc`` (the layout of a SLURM job with one task per agent, see
-:class:`acer_torchrl.shared_replay.SweepTask`). The sweep directory gets each agent's run directory
+process (Ctrl-C / SIGTERM save every agent and print how to resume); ``mode=processes`` runs one process per
+agent, rank 0 serving the replay over ``torch.distributed.rpc`` (the layout of a SLURM job with one task per
+agent, see :class:`acer_torchrl.shared_replay.SweepTask`). The sweep directory gets each agent's run directory
 (``agent<i>/``), ``metrics.csv`` with every agent's greedy return and the pointwise best,
 ``learning_curves.png`` and ``summary.json``.
 """
@@ -19,16 +20,24 @@ import warnings
 
 
 def main(argv: list[str]) -> int:
+    """The sweep; user errors end with one line and exit code 2, SIGINT / SIGTERM (``mode=local``: every agent
+    saved after the batch in hand) with one line and exit code 130 / 143."""
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
+    from acer_torchrl.cli import with_stop_signals
+
+    return with_stop_signals(lambda stops: run_sweep_command(argv, stops))
+
+
+def run_sweep_command(argv: list[str], stops) -> int:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     from acer_torchrl.cli import USER_ERRORS
     from acer_torchrl.shared_replay import run
     from acer_torchrl.trainer import TrainingError
 
     try:
-        result = run(argv)
+        result = run(argv, stops)
     except (*USER_ERRORS, TrainingError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -130,10 +130,21 @@ def test_weight_push_changes_the_workers_policy(recurrent_run):
     with torch.no_grad():
         head.bias.copy_(torch.tensor([50.0, -50.0]))  # action 0 always
     collector.update_policy_weights_()
-    after = [next(stream)["action"] for _ in range(6)]
-    # up to two a worker may have been (partly) collected before the push: one waiting in the output queue
-    # (MultiProcessCollector: a slot per worker) and the one it was collecting; a remote rank holds at most one
-    assert (after[4] == 0).all() and (after[5] == 0).all()
+    stale_most = 2 * 2 if isinstance(collector, MultiProcessCollector) else 2
+    after = draws_after_push(stream, stale_most, fresh=lambda batch: bool((batch["action"] == 0).all()))
+    assert sum(fresh for _, fresh in after) >= 4
+
+
+def draws_after_push(stream, stale_most: int, fresh) -> list[tuple[dict, bool]]:
+    """The next ``stale_most + 4`` batches after a weight push, each with ``fresh(batch)``; checks that at most
+    ``stale_most`` were (partly) collected before the push. A worker holds up to two (one waiting in the output
+    queue, MultiProcessCollector's slot per worker, and the one it was collecting), a remote rank one; a worker
+    that a loaded machine slows delivers its stale ones after another's fresh ones, so only their count is fixed."""
+    after = [next(stream) for _ in range(stale_most + 4)]
+    after = [(batch, fresh(batch)) for batch in after]
+    stale = [i for i, (_, is_fresh) in enumerate(after) if not is_fresh]
+    assert len(stale) <= stale_most, f"batches {stale} of {len(after)} after the push acted with older weights"
+    return after
 
 
 class ActedWeights(nn.Module):
@@ -178,10 +189,11 @@ def test_workers_act_with_the_pushed_weights_bit_for_bit(acting):
                 copy_weights_(TensorDict.from_module(policy), TensorDict.from_module(learner))
             collector.update_policy_weights_()
             pushed = flat_weights(learner)
-            after = [next(stream)["acted_weights"] for _ in range(6)]
-            # up to two a worker may have been (partly) collected before the push (test above)
-            assert not torch.equal(pushed, before) and torch.equal(after[4], pushed.expand(T, -1))
-            assert torch.equal(after[5], pushed.expand(T, -1))
+            assert not torch.equal(pushed, before)
+            # a stale batch may even hold a step that acted during the optimiser step, with some tensors updated
+            # (``learner``: the workers read the learner's own tensors, SharedWeightsScheme)
+            after = draws_after_push(stream, 2 * 2, fresh=lambda b: torch.equal(b["acted_weights"], pushed.expand(T, -1)))
+            assert sum(fresh for _, fresh in after) >= 4
             before = pushed
 
 

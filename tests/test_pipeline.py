@@ -408,40 +408,45 @@ def test_slurm_preemption_signal_waits_for_the_batch_in_hand(monkeypatch):
 
 
 class _SignalledRun:
-    """A run's step API for :class:`RunGuard`, its second step receiving ``signum``; records what the guard calls."""
+    """A run's step API for :class:`RunGuard`, its second step receiving ``signum`` (if any); records what the guard
+    calls in ``calls``, each call prefixed with ``name`` if given (runs sharing one list)."""
 
-    def __init__(self, signum):
-        self.signum, self.calls = signum, []
+    def __init__(self, signum, batches=4, name="", calls=None):
+        self.signum, self.batches, self.name = signum, batches, name
+        self.calls = [] if calls is None else calls
+
+    def record(self, call):
+        self.calls.append(f"{self.name}: {call}" if self.name else call)
 
     def finished_summary(self):
         return None
 
     def start(self):
-        return iter(range(4))
+        return iter(range(self.batches))
 
     def step(self, batch):
-        if batch == 1:
+        if batch == 1 and self.signum is not None:
             os.kill(os.getpid(), self.signum)
             time.sleep(0.01)
-        self.calls.append(f"step {batch}")
+        self.record(f"step {batch}")
         return False
 
     def checkpoint(self):
-        self.calls.append("checkpoint")
+        self.record("checkpoint")
 
     def stop_collecting(self):
-        self.calls.append("stop_collecting")
+        self.record("stop_collecting")
 
     def finish(self):
-        self.calls.append("finish")
+        self.record("finish")
         return {}
 
     def stop_early(self):
-        self.calls.append("stop_early")
-        return "at 2 batches; continue with: resume"
+        self.record("stop_early")
+        return f"{self.name or 'at 2 batches'}; continue with: resume"
 
     def close(self):
-        self.calls.append("close")
+        self.record("close")
 
 
 def test_run_guard_lets_the_step_in_hand_end_before_a_stop_or_a_requeue(monkeypatch):
@@ -473,6 +478,29 @@ def test_run_guard_lets_the_step_in_hand_end_before_a_stop_or_a_requeue(monkeypa
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert fake.calls == ["step 0", "step 1", "checkpoint", "requeue", "close"]
+
+
+def test_runs_in_turn_take_a_batch_each_and_all_stop_after_the_batch_in_hand():
+    """A shared-replay sweep in one process: runs take a batch each in turn; one that is done leaves the round to the
+    others; a stop during one run's step ends every run after that step, each saved by its ``stop_early``."""
+    from acer_torchrl.processes import Interrupted, RunGuard, StopSignals
+
+    log = []
+    summaries = RunGuard().train_in_turn([_SignalledRun(None, 1, "a", log), _SignalledRun(None, 2, "c", log)])
+    assert summaries == [{}, {}]
+    assert log == ["a: step 0", "c: step 0", "a: stop_collecting", "c: step 1", "c: stop_collecting",
+                   "a: finish", "c: finish", "a: close", "c: close"]
+
+    log = []
+    stops = StopSignals().install()
+    try:
+        with pytest.raises(Interrupted) as stop:
+            RunGuard(stops).train_in_turn([_SignalledRun(None, 4, "a", log), _SignalledRun(signal.SIGTERM, 4, "b", log)])
+    finally:
+        stops.restore()
+    assert log == ["a: step 0", "b: step 0", "a: step 1", "b: step 1", "a: stop_early", "b: stop_early",
+                   "a: close", "b: close"]
+    assert (str(stop.value), stop.value.exit_code) == ("interrupted a; continue with: resume; b; continue with: resume", 143)
 
 
 @pytest.mark.integration

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -34,6 +38,7 @@ from acer_torchrl.shared_replay import (
     run,
     serve,
 )
+from process_group import signal_group, wait_for
 
 OBS = 3
 HIDDEN = 5
@@ -325,3 +330,26 @@ def test_local_sweep_resumes_with_its_shared_replay(tmp_path):
     assert [(a["lr"], a["entropy_coeff"]) for a in result["agents"]] == [(0.5e-3, 0.005), (1e-3, 0.01)]
     with pytest.raises(ConfigError, match="agent2"):
         run(["agents=3", f"resume={tmp_path}"])
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_ctrl_c_saves_every_agent_of_a_local_sweep_and_says_how_to_resume(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) on ``recipes/laser_sweep.py``: every agent checkpointed after
+    the batch in hand, one line naming the sweep's resume command, and that command continues from the saved steps."""
+    root = Path(__file__).resolve().parents[1]
+    args = [sys.executable, str(root / "recipes" / "laser_sweep.py"), "agents=2", f"run_dir={tmp_path}", *SMOKE,
+            "total_frames=100000", "log.checkpoint_interval=64"]
+    proc = subprocess.Popen(args, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=os.environ)
+    counters = [tmp_path / f"agent{i}" / "checkpoint" / "counters.json" for i in (0, 1)]
+    wait_for(lambda: all(c.exists() for c in counters), proc, 120)
+    returncode, stderr, _ = signal_group(proc, signal.SIGINT)
+    steps = [json.loads(c.read_text())["env_steps"] for c in counters]
+    assert returncode == 130 and "Traceback" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"interrupted at {steps[0]}, {steps[1]} env steps (agent by agent); continue with: "
+        f"python recipes/laser_sweep.py resume={tmp_path}"
+    )
+    result = run(["agents=2", f"resume={tmp_path}", f"total_frames={max(steps) + 64}"])
+    assert [a["env_steps"] for a in result["agents"]] == [max(steps) + 64] * 2

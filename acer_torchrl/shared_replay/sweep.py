@@ -27,6 +27,7 @@ from acer_torchrl.config import (
 )
 from acer_torchrl.envs import stacked_frames
 from acer_torchrl.metrics import finish_plot, new_plot
+from acer_torchrl.processes import Interrupted, RunGuard, StopSignals
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.rundir import make_writable_dir
 from acer_torchrl.shared_replay.server import AgentReplay, RemoteReplay, SharedReplay, serve
@@ -174,8 +175,10 @@ def _shared_storage(cfg: Config, sweep_dir: Path, n_agents: int) -> SharedReplay
 
 
 # ---------------------------------------------------------------------------------------------- one process
-def run_sweep(sweep: SweepConfig, overrides: list[str]) -> dict:
-    """All agents in this process with one shared replay; one collected batch per agent per round."""
+def run_sweep(sweep: SweepConfig, overrides: list[str], stop_signals: StopSignals | None = None) -> dict:
+    """All agents in this process with one shared replay; one collected batch per agent per round. With
+    ``stop_signals`` (installed), SIGINT / SIGTERM end the sweep after the batch in hand, every agent saved, and
+    raise :class:`~acer_torchrl.processes.Interrupted` saying how to resume the sweep."""
     sweep_dir, cfgs = agent_configs(sweep, overrides)
     make_writable_dir(sweep_dir, "run_dir")
     shared = _shared_storage(cfgs[0], sweep_dir, len(cfgs))
@@ -183,18 +186,13 @@ def run_sweep(sweep: SweepConfig, overrides: list[str]) -> dict:
         SweepAgentTrainer(cfg, AgentReplay(shared, i, len(cfgs), owner=i == 0)) for i, cfg in enumerate(cfgs)
     ]
     try:
-        batches = [t.start() for t in trainers]
-        running = list(range(len(trainers)))
-        while running:  # one round: every agent collects one batch and learns from the shared replay
-            for i in list(running):
-                batch = next(batches[i], None)
-                if batch is None or trainers[i].step(batch):
-                    trainers[i].stop_collecting()
-                    running.remove(i)
-        summaries = [t.finish() for t in trainers]
-    finally:
-        for t in trainers:
-            t.close()
+        summaries = RunGuard(stop_signals).train_in_turn(trainers)
+    except Interrupted as stop:
+        steps = [t.counters.env_steps for t in trainers]
+        if min(steps) == 0:  # an agent without a checkpoint: the sweep cannot resume (sweep_resume_argv)
+            raise Interrupted(stop.signum, "interrupted before every agent had collected: nothing to resume") from None
+        raise Interrupted(stop.signum, f"interrupted at {', '.join(map(str, steps))} env steps (agent by agent);"
+                                       f" continue with: python recipes/laser_sweep.py resume={sweep_dir}") from None
     return write_sweep_results(
         sweep, sweep_dir, cfgs, summaries, [t.log.rows for t in trainers],
         [t.replay.sampled.tolist() for t in trainers], shared.agent_counts(),
@@ -306,9 +304,12 @@ def sweep_resume_argv(argv: list[str]) -> list[str]:
     return without_keys(argv, "resume", "run_dir") + [f"resume={sweep_dir}"]
 
 
-def run(argv: list[str]) -> dict:
+def run(argv: list[str], stop_signals: StopSignals | None = None) -> dict:
+    """The sweep of ``argv``; ``stop_signals`` (installed) make SIGINT / SIGTERM save and stop a ``mode=local`` sweep."""
     sweep, overrides = parse_sweep_args(argv)
-    return run_sweep(sweep, overrides) if sweep.mode == "local" else run_sweep_processes(sweep, overrides)
+    if sweep.mode == "local":
+        return run_sweep(sweep, overrides, stop_signals)
+    return run_sweep_processes(sweep, overrides)
 
 
 # ---------------------------------------------------------------------------------------------- results
