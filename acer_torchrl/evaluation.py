@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import traceback
 import weakref
@@ -123,7 +124,7 @@ def _serve(policy, make_env: Callable[[], EnvBase], max_steps: int, requests, re
             if request is None:
                 break
             tag, seed, weights = request
-            policy.load_state_dict(weights)
+            policy.load_state_dict(pickle.loads(weights))
             replies.put((tag, *evaluate(policy, env, max_steps, seed)))
         env.close()
     except Exception:  # noqa: BLE001  (handed to the learner, which raises it)
@@ -155,7 +156,10 @@ class BackgroundEvaluator:
     def submit(self, tag: Any, seed: int) -> None:
         """Ask for the evaluation of the policy's current weights (a copy, taken now) from ``seed``; its result,
         tagged ``tag``, comes back through :meth:`results` or :meth:`drain`."""
-        weights = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+        # by value, as bytes: tensors put on a queue as they are reach the process through file descriptors that a
+        # thread of this process serves, and one the process is killed while reading (a stopping learner's close)
+        # printed a traceback on the learner's stderr
+        weights = pickle.dumps(self.policy.state_dict())
         self._requests.put((tag, seed, weights))
         self._pending += 1
 

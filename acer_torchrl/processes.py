@@ -18,8 +18,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator, Sequence
+from multiprocessing import resource_sharer
 from typing import Protocol
 
 
@@ -178,10 +181,27 @@ class RunGuard:
 
 def ignore_learner_signals() -> None:
     """In a helper process: leave :func:`learner_signals` to the learner (ignored, then unblocked: pending
-    ones, held since the process started under :func:`learner_signals_held`, are dropped)."""
+    ones, held since the process started under :func:`learner_signals_held`, are dropped), and stay quiet when
+    the stopping learner hangs up on a tensor this process shares (:func:`_quiet_on_learner_hangups`)."""
     for sig in learner_signals():
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, learner_signals())
+    sys.excepthook = _quiet_on_learner_hangups(sys.excepthook)
+
+
+def _quiet_on_learner_hangups(excepthook: Callable) -> Callable:
+    """``excepthook`` without the learner's hang-ups on multiprocessing's resource sharer. A tensor a helper puts on
+    a queue (a collector worker's batch) reaches the learner as a file descriptor that a thread of the helper
+    serves; a stop raises in the learner wherever it waits, the middle of that exchange too, and the thread then
+    printed the closed connection's traceback into the run's stderr. Nothing is lost: the learner is stopping."""
+
+    def hook(exc_type, exc, tb) -> None:
+        frames = traceback.extract_tb(tb)
+        if issubclass(exc_type, (ConnectionError, EOFError)) and frames and frames[0].filename == resource_sharer.__file__:
+            return
+        excepthook(exc_type, exc, tb)
+
+    return hook
 
 
 @contextlib.contextmanager

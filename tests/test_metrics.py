@@ -134,11 +134,24 @@ class Lean(torch.nn.Module):
 
 
 @pytest.mark.integration
-def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked_with():
+def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked_with(monkeypatch):
     """The evaluation process plays the same games from the same seed as the learner would, on a copy of the
     weights taken when asked (the learner changes them right after, and the process's loading them leaves the
-    learner's alone), and returns results in order; it runs at a lower priority than the learner."""
+    learner's alone), and returns results in order; it runs at a lower priority than the learner. The weights
+    travel by value: no file descriptor for the learner's resource sharer to serve (a process killed while
+    fetching one made that thread print a traceback on the learner's stderr)."""
+    from multiprocessing import context, reduction
+
     from acer_torchrl.envs import make_env_fn
+
+    served_fds = []
+
+    def dup_fd(fd, dup=reduction.DupFd):  # torch's tensor reduction shares each storage's file descriptor here
+        if context.get_spawning_popen() is None:  # not passed with a process's start: the resource sharer serves it
+            served_fds.append(fd)
+        return dup(fd)
+
+    monkeypatch.setattr(reduction, "DupFd", dup_fd)
 
     cfg = load_config("acer", ["preset=cartpole", "eval.episodes=4", "eval.max_steps=200"])
     env_fn = make_env_fn(evaluation_env_config(cfg.env, games=4))
@@ -159,6 +172,7 @@ def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked
         assert got == expected
         assert len({r[1] for r in expected}) > 1  # the weights made a difference
         assert background.drain() == [] and inline.drain() == []
+        assert served_fds == []
         assert bool((policy.module.score.weight == 3.0).all())  # not the weights the process loaded
         # its games below the learner's and the workers' priority (they take no core from an update)
         learner = os.getpriority(os.PRIO_PROCESS, 0)

@@ -204,3 +204,36 @@ def test_a_full_disk_refuses_summary_json_whole_and_the_curve_with_a_warning(sma
     [warning] = capsys.readouterr().err.strip().splitlines()
     assert warning.startswith(f"warning: cannot write {small_disk / 'learning_curve.png'} (no space left on device)")
     assert not (small_disk / "learning_curve.png").exists()
+
+
+def _share_and_hang_up(helper: bool) -> None:
+    """A process that shares a file descriptor through multiprocessing's resource sharer (as a tensor put on a
+    queue does) and whose reader hangs up before taking it (a learner stopping in the middle of the exchange)."""
+    import socket
+    from multiprocessing import resource_sharer
+
+    from acer_torchrl.processes import ignore_learner_signals
+
+    if helper:
+        ignore_learner_signals()
+    shared = resource_sharer.DupFd(os.open(os.devnull, os.O_RDONLY))
+    address, _ = shared._id
+    with socket.socket(socket.AF_UNIX) as reader:
+        reader.connect(address)
+    time.sleep(1.0)  # the sharer's thread meets the closed connection meanwhile
+
+
+@pytest.mark.integration
+def test_a_helper_is_quiet_when_the_stopping_learner_hangs_up_on_what_it_shares(capfd):
+    """A collector worker's batch reaches the learner as file descriptors that a thread of the worker serves; a
+    stop raised in the learner mid-exchange made that thread print a traceback into the run's stderr (a CI run saw
+    it below the one line of a Ctrl-C). A helper process drops those; another process still prints them."""
+    import multiprocessing as mp
+
+    for helper in (True, False):
+        process = mp.get_context("spawn").Process(target=_share_and_hang_up, args=(helper,))
+        process.start()
+        process.join(60)
+        assert process.exitcode == 0
+        err = capfd.readouterr().err
+        assert ("Traceback" in err) == (not helper), err
