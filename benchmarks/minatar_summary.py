@@ -8,7 +8,8 @@ each the mean of the greedy evaluations over the last 10 % of the run's env step
 ``benchmarks/results/minatar.md`` (the table), ``minatar-aggregates.png`` (IQM, median and mean of the
 normalised scores with 95 % stratified-bootstrap CIs) and ``minatar-profiles.png`` (performance profiles).
 A game an algorithm has no finished row for shows ``-`` (or the seeds a partial record holds, marked partial);
-the aggregates use the games that every algorithm in the plot has a finished row for, and say which.
+the aggregates are drawn twice: every game for the algorithms that have them all (``minatar-aggregates.png``,
+``minatar-profiles.png``), and every algorithm on the games they all have (``-all`` beside them), each saying which.
 """
 
 from __future__ import annotations
@@ -92,11 +93,11 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def normalised_matrices() -> tuple[dict[str, np.ndarray], list[str]]:
-    """``{algo: [seeds, games]}`` of final scores over the AC(0.8) anchor, on the games every algorithm has."""
-    common = [g for g in GAMES if all(finished_scores(a, g) is not None for a in ALGOS)]
+def normalised_matrices(algos: list[str]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """``{algo: [seeds, games]}`` of final scores over the AC(0.8) anchor, on the games every one of ``algos`` has."""
+    common = [g for g in GAMES if all(finished_scores(a, g) is not None for a in algos)]
     matrices = {}
-    for algo in ALGOS:
+    for algo in algos:
         columns = [np.asarray(finished_scores(algo, g)) / ANCHORS[g][NORMALISER] for g in common]
         seeds = min(len(c) for c in columns)
         matrices[algo] = np.stack([c[:seeds] for c in columns], axis=1)
@@ -113,9 +114,9 @@ def plot_aggregates(matrices: dict[str, np.ndarray], games: list[str], path: Pat
     points, intervals = rly.get_interval_estimates(matrices, aggregates, reps=2_000,
                                                    random_state=np.random.RandomState(0))
     fig, _ = plot_utils.plot_interval_estimates(points, intervals, metric_names=["Median", "IQM", "Mean"],
-                                                algorithms=list(ALGOS), colors=COLORS, row_height=0.6,
+                                                algorithms=list(matrices), colors=COLORS, row_height=0.6,
                                                 xlabel=f"score / {NORMALISER} anchor", xlabel_y_coordinate=-0.3)
-    fig.suptitle(f"MinAtar, 2M env steps: {', '.join(games)}", y=1.15)
+    fig.suptitle(f"MinAtar, 2M env steps: {', '.join(games)}", y=1.3)
     fig.savefig(path, dpi=100, bbox_inches="tight")
 
 
@@ -132,18 +133,29 @@ def plot_profiles(matrices: dict[str, np.ndarray], games: list[str], path: Path)
     fig, ax = plt.subplots(figsize=(6, 4))
     plot_utils.plot_performance_profiles(profiles, taus, performance_profile_cis=cis, colors=COLORS, ax=ax,
                                          xlabel=rf"score / {NORMALISER} anchor $(\tau)$")
-    ax.legend(handles=[plt.Line2D([], [], color=COLORS[a], lw=2, label=a) for a in ALGOS], loc="upper right")
-    ax.set_title(f"MinAtar performance profiles: {', '.join(games)}")
+    ax.legend(handles=[plt.Line2D([], [], color=COLORS[a], lw=2, label=a) for a in matrices], loc="upper right")
+    ax.set_title(f"MinAtar performance profiles\n{', '.join(games)}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
+def aggregate_plots(algos: list[str], suffix: str) -> str:
+    """The aggregate and profile plots of ``algos`` on the games they all have; the summary's line linking them."""
+    matrices, games = normalised_matrices(algos)
+    plot_aggregates(matrices, games, RESULTS / f"minatar-aggregates{suffix}.png")
+    plot_profiles(matrices, games, RESULTS / f"minatar-profiles{suffix}.png")
+    return (f"- {', '.join(algos)} on {', '.join(games)}: [IQM, median and mean with 95 % CIs]"
+            f"(minatar-aggregates{suffix}.png), [performance profiles](minatar-profiles{suffix}.png)")
+
+
 def main() -> None:
     require_rliable()
-    matrices, common = normalised_matrices()
-    plot_aggregates(matrices, common, RESULTS / "minatar-aggregates.png")
-    plot_profiles(matrices, common, RESULTS / "minatar-profiles.png")
+    complete = [a for a in ALGOS if all(finished_scores(a, g) is not None for g in GAMES)]
+    plots = [aggregate_plots(complete, "")]  # every game, the algorithms that have them all
+    if len(complete) < len(ALGOS):
+        plots.append(aggregate_plots(list(ALGOS), "-all"))  # every algorithm, the games they all have
+    plot_lines = "\n".join(plots)
     text = f"""# MinAtar: five games, three algorithms
 
 Final scores at 2M env steps (each seed's mean greedy evaluation over the last 10 % of its env steps; IQM with its
@@ -158,9 +170,9 @@ Anchors: Young & Tian 2019's DQN and AC(0.8), read off the MinAtar repository's 
 MinAtar <= 1.0.10); gymnax-blines' PPO at 10M steps. A cell marked partial lists the seeds of an unfinished
 record (`<row>-partial/`).
 
-Aggregates over the games every algorithm has a finished row for ({', '.join(common)}), scores divided by the
-{NORMALISER} anchor: [IQM, median and mean with 95 % CIs](minatar-aggregates.png),
-[performance profiles](minatar-profiles.png).
+Aggregates of the scores divided by the {NORMALISER} anchor, over the seeds and games each plot names (rliable, 2 000
+stratified-bootstrap samples):
+{plot_lines}
 """
     (RESULTS / "minatar.md").write_text(text)
     print(text)
