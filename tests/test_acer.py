@@ -255,6 +255,7 @@ def target_loss(**kwargs) -> ACERLoss:
     return ACERLoss(actor, critic, discrete=True, gamma=GAMMA, entropy_coeff=0.0, target_update=5, **kwargs)
 
 
+@pytest.mark.filterwarnings("ignore:No target network updater")  # the loss alone: its test steps no updater
 def test_target_network_builds_q_ret_from_its_q_and_the_learning_policy():
     """With ``target_update`` every Q in the Retrace recursion (eq. 5), bootstraps included, is the target
     copy's, weighted by the learning policy (not the copy's); the policy gradient's Q^ret - V and bias
@@ -465,6 +466,7 @@ class NotPlainModule(TensorDictModule):
     """A TensorDictModule subclass: the loss calls it with TensorDicts (common.NetworkCall), not on tensors."""
 
 
+@pytest.mark.filterwarnings("ignore:No target network updater")  # the loss alone: its test steps no updater
 @pytest.mark.parametrize("trust_region", [False, True])
 def test_networks_called_on_tensors_or_tensordicts_give_the_same_loss(trust_region):
     """The feed-forward bootstrap rows go through the network as tensors (common.evaluate_with_next_steps); an

@@ -104,6 +104,7 @@ def sequence_case(algo: str, tmp_path) -> tuple[Trainer, torch.nn.Module, Tensor
     return trainer, standalone, hand_made(trainer, WHOLE_ROWS if algo == "reactor" else ROWS)
 
 
+@pytest.mark.filterwarnings("ignore:No target network updater")  # the loss alone: its test steps no updater
 @pytest.mark.parametrize("algo", ["acer", "laser", "reactor"])
 def test_a_sequence_loss_on_a_hand_made_batch_gives_the_pipelines_numbers(tmp_path, algo):
     trainer, standalone, td = sequence_case(algo, tmp_path)
@@ -151,6 +152,7 @@ def test_vracer_loss_on_targets_from_episode_targets_gives_the_pipelines_numbers
     assert_same_numbers(standalone, td, stats)
 
 
+@pytest.mark.filterwarnings("ignore:No target network updater")  # the loss alone: its test steps no updater
 @pytest.mark.parametrize("algo", ["acer", "laser", "reactor", "vracer"])
 def test_every_output_entry_is_in_out_keys_and_in_the_one_vocabulary(tmp_path, algo):
     """A loss's forward returns exactly its ``out_keys``, and an update reports those, the stored estimates'
