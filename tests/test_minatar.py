@@ -76,6 +76,7 @@ def test_encoder_is_the_papers_network():
     assert make_torso(info, [64], "relu", lstm_hidden=32).out_dim == 32  # the LSTM core may follow
 
 
+@pytest.mark.filterwarnings("error:No target network updater")  # every target copy a loss has, the trainer updates
 @pytest.mark.parametrize("algo", ["acer", "reactor", "laser"])
 def test_minatar_preset_runs_and_evaluates(tmp_path, algo):
     summary = run(algo, ["preset=minatar", f"run_dir={tmp_path}", "total_frames=300", "collector.workers=0",
