@@ -334,18 +334,24 @@ def test_local_sweep_resumes_with_its_shared_replay(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_ctrl_c_saves_every_agent_of_a_local_sweep_and_says_how_to_resume(tmp_path):
-    """Ctrl-C (SIGINT to the terminal's process group) on ``recipes/laser_sweep.py``: every agent checkpointed after
-    the batch in hand, one line naming the sweep's resume command, and that command continues from the saved steps."""
+@pytest.mark.parametrize("mode", ["local", "processes"])
+def test_ctrl_c_on_a_sweep_says_what_each_agent_saved_and_how_to_resume(tmp_path, mode):
+    """Ctrl-C (SIGINT to the terminal's process group) on ``recipes/laser_sweep.py``: one line naming each agent's
+    saved env steps and the sweep's resume command, which continues from them. ``local`` saves every agent after
+    the batch in hand; ``processes`` keeps each rank's latest periodic checkpoint (its ranks end at the signal)."""
+    from acer_torchrl.checkpoint import latest_checkpoint
+
     root = Path(__file__).resolve().parents[1]
+    ranks = ["mode=processes", f"sweep.port={_free_port()}"] if mode == "processes" else []
     args = [sys.executable, str(root / "recipes" / "laser_sweep.py"), "agents=2", f"run_dir={tmp_path}", *SMOKE,
-            "total_frames=100000", "log.checkpoint_interval=64"]
+            *ranks, "total_frames=100000", "log.checkpoint_interval=64"]
     proc = subprocess.Popen(args, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=os.environ)
     counters = [tmp_path / f"agent{i}" / "checkpoint" / "counters.json" for i in (0, 1)]
     wait_for(lambda: all(c.exists() for c in counters), proc, 120)
     returncode, stderr, _ = signal_group(proc, signal.SIGINT)
-    steps = [json.loads(c.read_text())["env_steps"] for c in counters]
+    steps = [json.loads((latest_checkpoint(tmp_path / f"agent{i}") / "counters.json").read_text())["env_steps"]
+             for i in (0, 1)]
     assert returncode == 130 and "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == (
         f"interrupted at {steps[0]}, {steps[1]} env steps (agent by agent); continue with: "

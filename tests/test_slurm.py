@@ -116,14 +116,17 @@ def read_counters(run_dir: Path) -> dict | None:
 
 
 def snapshot_checkpoint(run_dir: Path, dest: Path) -> dict:
-    """Copy the latest complete checkpoint to ``dest`` (retrying while the trainer swaps one in)."""
+    """Copy the latest complete checkpoint to ``dest``, retrying while the trainer swaps one in: a copy taken across
+    a swap mixes the files of two checkpoints (a CI run's did), which their manifest finds."""
+    from acer_torchrl.checkpoint import CheckpointError, verify_manifest
 
     def copy() -> dict | None:
         shutil.rmtree(dest, ignore_errors=True)
         try:
             shutil.copytree(run_dir / "checkpoint", dest)
+            verify_manifest(dest)
             return json.loads((dest / "counters.json").read_text())
-        except (FileNotFoundError, shutil.Error, json.JSONDecodeError):
+        except (FileNotFoundError, shutil.Error, json.JSONDecodeError, CheckpointError):
             return None
 
     return wait_until(copy, f"a checkpoint to copy in {run_dir}")

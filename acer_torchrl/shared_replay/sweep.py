@@ -12,6 +12,7 @@ import copy
 import csv
 import json
 import os
+import signal
 import time
 import typing
 from dataclasses import asdict, dataclass, field, fields
@@ -189,14 +190,20 @@ def run_sweep(sweep: SweepConfig, overrides: list[str], stop_signals: StopSignal
         summaries = RunGuard(stop_signals).train_in_turn(trainers)
     except Interrupted as stop:
         steps = [t.counters.env_steps for t in trainers]
-        if min(steps) == 0:  # an agent without a checkpoint: the sweep cannot resume (sweep_resume_argv)
-            raise Interrupted(stop.signum, "interrupted before every agent had collected: nothing to resume") from None
-        raise Interrupted(stop.signum, f"interrupted at {', '.join(map(str, steps))} env steps (agent by agent);"
-                                       f" continue with: python recipes/laser_sweep.py resume={sweep_dir}") from None
+        raise Interrupted(stop.signum, stop_line(steps if min(steps) > 0 else None, sweep_dir)) from None
     return write_sweep_results(
         sweep, sweep_dir, cfgs, summaries, [t.log.rows for t in trainers],
         [t.replay.sampled.tolist() for t in trainers], shared.agent_counts(),
     )
+
+
+def stop_line(saved_steps: list[int] | None, sweep_dir: Path) -> str:
+    """What a stopped sweep says: each agent's saved env steps and the resume command, or that an agent has no
+    checkpoint (``saved_steps`` None), so the sweep cannot resume (:func:`sweep_resume_argv`)."""
+    if saved_steps is None:
+        return "interrupted before every agent had a checkpoint: nothing to resume"
+    return (f"interrupted at {', '.join(map(str, saved_steps))} env steps (agent by agent); continue with: "
+            f"python recipes/laser_sweep.py resume={sweep_dir}")
 
 
 # ---------------------------------------------------------------------------------------------- one rank per agent
@@ -261,8 +268,32 @@ def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
         overrides = [*overrides, f"run_dir={sweep_dir}"]  # one sweep directory for every rank
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_rank_main, args=(sweep, overrides, queue), nprocs=sweep.agents, join=True, start_method="spawn")
+    ranks = mp.start_processes(_rank_main, args=(sweep, overrides, queue), nprocs=sweep.agents, join=False,
+                               start_method="spawn")
+    try:
+        while not ranks.join():
+            pass
+    except Interrupted as stop:  # (installed stop signals) the ranks end at SIGINT, keeping their periodic checkpoints
+        for rank in ranks.processes:
+            if rank.is_alive():
+                os.kill(rank.pid, signal.SIGINT)  # a signal to this process alone reaches them here
+            rank.join(timeout=PEER_WAIT_S / 10)
+            if rank.is_alive():
+                rank.kill()  # a checkpoint it was writing is not swapped in: the previous one stays
+        saved = agent_checkpoints(sweep, sweep_dir)
+        steps = None if saved is None else [json.loads((c / "counters.json").read_text())["env_steps"] for c in saved]
+        raise Interrupted(stop.signum, stop_line(steps, sweep_dir)) from None
     return queue.get()
+
+
+def agent_checkpoints(sweep: SweepConfig, sweep_dir: Path) -> list[Path] | None:
+    """Each agent's latest checkpoint in ``sweep_dir``; None unless every agent has one."""
+    from acer_torchrl.checkpoint import CheckpointError, latest_checkpoint
+
+    try:
+        return [latest_checkpoint(sweep_dir / f"agent{i}") for i in range(sweep.agents)]
+    except CheckpointError:
+        return None
 
 
 class SweepTask(submitit.helpers.Checkpointable):
@@ -291,21 +322,19 @@ class SweepTask(submitit.helpers.Checkpointable):
 def sweep_resume_argv(argv: list[str]) -> list[str]:
     """``argv`` resuming its sweep directory (``resume=<sweep_dir>``) when every agent there has a
     checkpoint; unchanged otherwise (a requeue before the first checkpoints starts afresh)."""
-    from acer_torchrl.checkpoint import CheckpointError, latest_checkpoint
     from acer_torchrl.cluster import required_run_dir
 
     sweep, _ = parse_sweep_args(argv)
     sweep_dir = Path(override_value(argv, "resume") or required_run_dir(argv))
-    try:
-        for i in range(sweep.agents):
-            latest_checkpoint(sweep_dir / f"agent{i}")
-    except CheckpointError:
+    if agent_checkpoints(sweep, sweep_dir) is None:
         return list(argv)
     return without_keys(argv, "resume", "run_dir") + [f"resume={sweep_dir}"]
 
 
 def run(argv: list[str], stop_signals: StopSignals | None = None) -> dict:
-    """The sweep of ``argv``; ``stop_signals`` (installed) make SIGINT / SIGTERM save and stop a ``mode=local`` sweep."""
+    """The sweep of ``argv``. With stop signals installed (the command line), SIGINT / SIGTERM stop it with one line:
+    a ``mode=local`` sweep (given ``stop_signals``) saves every agent first, ``mode=processes`` keeps the agents'
+    periodic checkpoints."""
     sweep, overrides = parse_sweep_args(argv)
     if sweep.mode == "local":
         return run_sweep(sweep, overrides, stop_signals)
