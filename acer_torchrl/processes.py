@@ -197,7 +197,8 @@ def _quiet_on_learner_hangups(excepthook: Callable) -> Callable:
 
     def hook(exc_type, exc, tb) -> None:
         frames = traceback.extract_tb(tb)
-        if issubclass(exc_type, (ConnectionError, EOFError)) and frames and frames[0].filename == resource_sharer.__file__:
+        in_sharer = bool(frames) and frames[0].filename == resource_sharer.__file__
+        if in_sharer and issubclass(exc_type, (ConnectionError, EOFError)):
             return
         excepthook(exc_type, exc, tb)
 

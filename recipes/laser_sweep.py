@@ -31,6 +31,8 @@ def main(argv: list[str]) -> int:
 
 
 def run_sweep_command(argv: list[str], stops) -> int:
+    """The sweep of ``argv`` under the installed ``stops`` (:class:`~acer_torchrl.processes.StopSignals`); its
+    exit code."""
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     from acer_torchrl.cli import USER_ERRORS
     from acer_torchrl.shared_replay import run

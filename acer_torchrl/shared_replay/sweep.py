@@ -36,6 +36,7 @@ from acer_torchrl.trainer import Trainer, available_cores
 from acer_torchrl.validation import allowed, check_allowed
 
 PEER_WAIT_S = 600  # how long an agent waits for the others' first experience (the RPC timeout too)
+RANK_STOP_WAIT_S = 60  # how long a stopped sweep waits for a rank to end before it kills it
 
 
 class SweepAgentTrainer(Trainer):
@@ -189,20 +190,21 @@ def run_sweep(sweep: SweepConfig, overrides: list[str], stop_signals: StopSignal
     try:
         summaries = RunGuard(stop_signals).train_in_turn(trainers)
     except Interrupted as stop:
-        steps = [t.counters.env_steps for t in trainers]
-        raise Interrupted(stop.signum, stop_line(steps if min(steps) > 0 else None, sweep_dir)) from None
+        raise Interrupted(stop.signum, stop_line(sweep, sweep_dir)) from None
     return write_sweep_results(
         sweep, sweep_dir, cfgs, summaries, [t.log.rows for t in trainers],
         [t.replay.sampled.tolist() for t in trainers], shared.agent_counts(),
     )
 
 
-def stop_line(saved_steps: list[int] | None, sweep_dir: Path) -> str:
-    """What a stopped sweep says: each agent's saved env steps and the resume command, or that an agent has no
-    checkpoint (``saved_steps`` None), so the sweep cannot resume (:func:`sweep_resume_argv`)."""
-    if saved_steps is None:
+def stop_line(sweep: SweepConfig, sweep_dir: Path) -> str:
+    """What a stopped sweep says: the env steps of each agent's latest checkpoint and the resume command, or that
+    an agent has none, so the sweep cannot resume (:func:`sweep_resume_argv`)."""
+    saved = agent_checkpoints(sweep, sweep_dir)
+    if saved is None:
         return "interrupted before every agent had a checkpoint: nothing to resume"
-    return (f"interrupted at {', '.join(map(str, saved_steps))} env steps (agent by agent); continue with: "
+    steps = [json.loads((checkpoint / "counters.json").read_text())["env_steps"] for checkpoint in saved]
+    return (f"interrupted at {', '.join(map(str, steps))} env steps (agent by agent); continue with: "
             f"python recipes/laser_sweep.py resume={sweep_dir}")
 
 
@@ -277,12 +279,10 @@ def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
         for rank in ranks.processes:
             if rank.is_alive():
                 os.kill(rank.pid, signal.SIGINT)  # a signal to this process alone reaches them here
-            rank.join(timeout=PEER_WAIT_S / 10)
+            rank.join(timeout=RANK_STOP_WAIT_S)
             if rank.is_alive():
                 rank.kill()  # a checkpoint it was writing is not swapped in: the previous one stays
-        saved = agent_checkpoints(sweep, sweep_dir)
-        steps = None if saved is None else [json.loads((c / "counters.json").read_text())["env_steps"] for c in saved]
-        raise Interrupted(stop.signum, stop_line(steps, sweep_dir)) from None
+        raise Interrupted(stop.signum, stop_line(sweep, sweep_dir)) from None
     return queue.get()
 
 
