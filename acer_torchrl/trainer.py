@@ -42,7 +42,7 @@ from acer_torchrl.objectives.common import objective
 from acer_torchrl.optim import AdamStep
 from acer_torchrl.processes import RunGuard, StopSignals
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay
-from acer_torchrl.rundir import prepare_run_dir
+from acer_torchrl.rundir import default_run_dir, prepare_run_dir
 
 
 class TrainingError(RuntimeError):
@@ -95,11 +95,6 @@ def _listed(names: list[str], most: int = 4) -> str:
     """``a, b, c`` (or ``none``), the first ``most`` names and how many more."""
     more = f" and {len(names) - most} more" if len(names) > most else ""
     return ", ".join(names[:most]) + more if names else "none"
-
-
-def default_run_dir(cfg: Config) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{cfg.loss}-{cfg.env.name.replace('/', '_')}-s{cfg.seed}-{stamp}"
 
 
 class Trainer:
