@@ -43,6 +43,7 @@ from acer_torchrl.algorithms import REGISTRY
 from acer_torchrl.cli import with_stop_signals
 from acer_torchrl.cluster import RecipeJob
 from acer_torchrl.config import ConfigError, override_value, without_keys
+from acer_torchrl.metrics import read_summary
 from acer_torchrl.processes import Interrupted
 from acer_torchrl.rundir import check_dir_name, default_run_dir, lock_run_dir, make_writable_dir, refuse_an_old_run
 
@@ -200,7 +201,8 @@ def wait_and_report(jobs: list, runs: list[dict]) -> int:
 
 
 def tabulate(sweep_dir: Path) -> str:
-    """A text table of the sweep's points and their ``summary.json`` figures (``-`` where not finished)."""
+    """A text table of the sweep's points and their ``summary.json`` figures (``-`` where not finished or unreadable:
+    a resume of that point writes it again)."""
     index = sweep_dir / "sweep.json"
     if index.is_file():
         run_dirs = [Path(r["run_dir"]) for r in json.loads(index.read_text())["runs"]]
@@ -211,7 +213,7 @@ def tabulate(sweep_dir: Path) -> str:
     rows = [("point", *TABLE_KEYS)]
     for run_dir in run_dirs:
         path = run_dir / "summary.json"
-        summary = json.loads(path.read_text()) if path.is_file() else {}
+        summary = read_summary(path) or {}  # a point not finished, or its summary.json damaged
         rows.append((run_dir.name, *(_cell(summary.get(k)) for k in TABLE_KEYS)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)

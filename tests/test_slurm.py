@@ -435,14 +435,15 @@ def test_submit_without_slurm_says_so_in_one_line_after_checking_the_arguments(t
 def test_tabulate_lists_points_with_and_without_summary(tmp_path):
     submit = load_submit()
     runs = []
-    for name, summary in (("seed=0", {"env_steps": 100, "eval_return_mean": 9.5, "wall_time_s": 3.25}), ("seed=1", None)):
+    finished = {"env_steps": 100, "eval_return_mean": 9.5, "wall_time_s": 3.25, "run_dir": "."}
+    for name, summary in (("seed=0", json.dumps(finished)), ("seed=1", None), ("seed=2", json.dumps(finished)[:30])):
         (tmp_path / name).mkdir()
         if summary:
-            (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+            (tmp_path / name / "summary.json").write_text(summary)
         runs.append({"run_dir": str(tmp_path / name)})
     (tmp_path / "sweep.json").write_text(json.dumps({"runs": runs}))
     rows = [row.split() for row in submit.tabulate(tmp_path).splitlines()]
-    assert rows[1:] == [["seed=0", "100", "9.50", "3.25"], ["seed=1", "-", "-", "-"]]
+    assert rows[1:] == [["seed=0", "100", "9.50", "3.25"], ["seed=1", "-", "-", "-"], ["seed=2", "-", "-", "-"]]
 
 
 def test_sweep_job_resumes_only_once_every_agent_has_a_checkpoint(tmp_path):
