@@ -12,7 +12,10 @@ A job with several tasks (``slurm/submit.py <recipe> --nodes N``) collects on al
 the learner, every other task one collector process serving it over ``torch.distributed``
 (:func:`acer_torchrl.collectors.serve_remote_collection`); SLURM starts, requeues and ends them together.
 
-A requeue that comes before the first checkpoint starts the run afresh. This module imports neither
+A job of submitit's local executor (``slurm/submit.py --local``) handles SIGINT / SIGTERM as a recipe does: the
+run checkpoints and its result says where it stopped (:func:`run_stopping_on_signals`). Under SLURM submitit's
+own signal handling stays (requeue on preemption). A requeue that comes before the first checkpoint starts the run
+afresh. This module imports neither
 torch nor the trainer at import time, so ``slurm/submit.py`` stays quick.
 """
 
@@ -63,10 +66,28 @@ class RecipeJob(submitit.helpers.Checkpointable):
                 return None
         if requeued():
             overrides = with_resume(overrides)
+        if os.environ.get("SUBMITIT_EXECUTOR") == "local":
+            return run_stopping_on_signals(recipe, list(overrides))
         return cli.run(recipe, list(overrides), remote=remote)
 
     def checkpoint(self, recipe: str, overrides: list[str]) -> submitit.helpers.DelayedSubmission:
         return submitit.helpers.DelayedSubmission(self, recipe, with_resume(overrides))
+
+
+def run_stopping_on_signals(recipe: str, overrides: list[str]) -> dict:
+    """A local job's run: SIGINT / SIGTERM checkpoint it as they do a recipe on the command line
+    (:class:`~acer_torchrl.processes.StopSignals`); the job's result then says where it stopped,
+    ``{"interrupted": <the stop's one line>, "exit_code": 130 | 143}``, else it is the run's summary."""
+    from acer_torchrl import cli
+    from acer_torchrl.processes import Interrupted, StopSignals
+
+    stops = StopSignals().install()
+    try:
+        return cli.run(recipe, overrides, stop_signals=stops)
+    except Interrupted as stop:
+        return {"interrupted": str(stop), "exit_code": stop.exit_code}
+    finally:
+        stops.restore()
 
 
 def requeued() -> bool:

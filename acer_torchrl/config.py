@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from acer_torchrl.rundir import check_dir_name
 from acer_torchrl.settings.env import EnvConfig
 from acer_torchrl.validation import INT64, ConfigError, allowed, check_allowed
 
@@ -172,6 +173,8 @@ class Config:
             )
         if self.run_dir is not None and not self.run_dir.strip():
             raise ConfigError("run_dir= is empty; give a directory, or drop the key for a fresh runs/<name>")
+        if self.run_dir is not None:
+            check_dir_name(self.run_dir, "resume" if self.resume else "run_dir")
         from acer_torchrl.envs import validate_env_config
 
         try:
@@ -375,6 +378,7 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
     pairs = parse_overrides(overrides)
     given = dict(pairs)
     if "resume" in given and given["resume"]:
+        check_dir_name(given["resume"], "resume")
         saved = Path(given["resume"]) / "config.yaml"
         if not saved.is_file():
             raise ConfigError(f"resume={given['resume']}: no config.yaml there (not a run directory?)")

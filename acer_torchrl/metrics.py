@@ -90,6 +90,27 @@ def _number(text: str) -> int | float:
         return float(text)
 
 
+def _cells(line: str) -> list[str] | None:
+    """The cells of one metrics.csv line; None when the line is not CSV (damaged bytes)."""
+    try:
+        return next(csv.reader([line]))
+    except csv.Error:
+        return None
+
+
+def _metrics_row(header: list[str], line: str) -> dict[str, int | float] | None:
+    """One metrics.csv row under ``header``, as it was logged; None when it cannot be read: a cell too many or too
+    few (a row cut short), or a cell that is not a number."""
+    cells = _cells(line)
+    if cells is None or len(cells) != len(header):
+        return None
+    try:
+        row = {key: _number(cell) for key, cell in zip(header, cells) if cell != ""}
+    except ValueError:
+        return None
+    return row if "env_steps" in row else None
+
+
 class MetricsLog:
     """The run's metric rows in ``metrics.csv``, each also handed to ``loggers`` (:func:`make_loggers`)."""
 
@@ -99,21 +120,39 @@ class MetricsLog:
         self.loggers = loggers or []
         self._write_failing = False  # the last write of metrics.csv failed (warned once until one succeeds)
 
-    def load_existing(self, up_to_env_steps: int) -> None:
+    def load_existing(self, up_to_env_steps: int) -> str | None:
         """Continue the rows of a resumed run. Rows logged after its checkpoint (``env_steps`` beyond
-        ``up_to_env_steps``) are dropped: the resumed run logs those steps again."""
-        if self.path.is_file():
-            with self.path.open() as f:
-                rows = [{k: _number(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
-            self.rows = [r for r in rows if r["env_steps"] <= up_to_env_steps]
+        ``up_to_env_steps``) are dropped: the resumed run logs those steps again. Rows that cannot be read (a tail
+        cut short by a kill, damaged bytes, text in a number's column) are dropped too and the file rewritten
+        without them: returns what was repaired, in words (None when the file was whole)."""
+        if not self.path.is_file():
+            return None
+        text = self.path.read_bytes().decode(errors="replace")
+        lines = [line for line in text.splitlines() if line.strip()]
+        header = _cells(lines[0]) if lines else None
+        if header is None or "env_steps" not in header:
+            header, lines = [], ["", *lines]  # no header to read the rows by: every line is unreadable
+        rows = [_metrics_row(header, line) for line in lines[1:]]
+        if rows and not text.endswith("\n"):  # every write ends its last row with a newline: this one was cut short
+            rows[-1] = None
+        self.rows = [r for r in rows if r is not None and r["env_steps"] <= up_to_env_steps]
+        unreadable = rows.count(None)
+        if not unreadable:
+            return None
+        self.write(self.columns())
+        return f"metrics.csv: {unreadable} unreadable line(s) dropped"
+
+    def columns(self) -> list[str]:
+        """``metrics.csv``'s header: the base columns, then every metric in the order the rows first hold it."""
+        columns = list(BASE_COLUMNS)
+        for r in self.rows:
+            columns += [k for k in r if k not in columns]
+        return columns
 
     def row(self, env_steps: int, updates: int, wall_time_s: float, metrics: dict[str, float]) -> None:
         row = {"env_steps": env_steps, "updates": updates, "wall_time_s": round(wall_time_s, 3), **metrics}
         self.rows.append(row)
-        columns = list(BASE_COLUMNS)
-        for r in self.rows:
-            columns += [k for k in r if k not in columns]
-        self.write(columns)
+        self.write(self.columns())
         for logger in self.loggers:
             for key, value in metrics.items():
                 logger.log_scalar(key, value, step=env_steps)
@@ -183,6 +222,16 @@ def write_summary(path: Path, summary: dict) -> None:
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def read_summary(path: Path) -> dict | None:
+    """``summary.json`` as the run wrote it; None when it is missing or cannot be read (cut short, damaged):
+    the run's checkpoint rebuilds it (:meth:`acer_torchrl.trainer.Trainer.finish`)."""
+    try:
+        summary = json.loads(path.read_bytes())
+    except (OSError, ValueError):  # a decoding or JSON error is a ValueError
+        return None
+    return summary if isinstance(summary, dict) and {"env_steps", "run_dir"} <= summary.keys() else None
 
 
 def save_learning_curve(log: MetricsLog, path: Path, title: str) -> None:

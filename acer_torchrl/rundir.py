@@ -8,6 +8,9 @@ made or written to is one :class:`~acer_torchrl.validation.ConfigError` line, be
 A run holds an exclusive lock on its directory (``flock`` on ``run.lock``, which names the holder's host and
 pid) for its whole life: a second run into the same directory is refused with one line naming the holder. The
 kernel releases the lock when the holder ends, however it ends (a crash, SIGKILL), so no lock outlives its run.
+
+A run given no ``run_dir=`` gets a new one, named the same way by the recipes, the sweeps and ``slurm/submit.py``
+(:func:`default_run_dir`) and made at once, so that two runs started in the same second get two.
 """
 
 from __future__ import annotations
@@ -17,11 +20,16 @@ import fcntl
 import os
 import shutil
 import socket
+import itertools
 import tempfile
+import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from acer_torchrl.validation import ConfigError
+
+if TYPE_CHECKING:
+    from acer_torchrl.config import Config
 
 # what a run writes under its directory (trainer, metrics, checkpoint, memory-mapped replay)
 RUN_FILES = (
@@ -30,15 +38,48 @@ RUN_FILES = (
 )
 LOCK_FILE = "run.lock"  # never deleted (overwrite=true leaves it): a new file would be a second lock
 FINISHED_MARKS = ("summary.json", "checkpoint", "checkpoint.old")
+NAME_MAX = 255  # bytes in one part of a path (ext4, XFS, NFS, Lustre)
 REASONS = {
     errno.EEXIST: "it is a file, not a directory",
     errno.ENOTDIR: "a part of that path is a file, not a directory",
 }
 
 
+def check_dir_name(path: str | Path, key: str) -> None:
+    """One :class:`ConfigError` line when a part of ``path`` (given by the setting ``key``) is longer than a file
+    name may be, before anything touches it (the OS's error came up where the path was first used, a traceback)."""
+    longest = max(Path(path).parts, key=lambda part: len(part.encode()), default="")
+    if len(longest.encode()) > NAME_MAX:
+        raise ConfigError(f"{key}={path}: a part of that path is {len(longest.encode())} bytes long, more than the "
+                          f"{NAME_MAX} a file name may have; choose a shorter one")
+
+
 def holds_run(path: Path) -> bool:
     """Whether ``path`` holds a run that finished or can be resumed."""
     return any((path / name).exists() for name in FINISHED_MARKS)
+
+
+def default_run_dir(cfg: Config, sweep: bool = False) -> Path:
+    """The directory of a run (``sweep``: of a sweep's points) given no ``run_dir=``, made now:
+    ``runs/<loss>[-sweep]-<env>-s<seed>-<YYYYmmdd-HHMMSS>`` (:func:`new_dir`)."""
+    kind = "-sweep" if sweep else ""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return new_dir(Path("runs"), f"{cfg.loss}{kind}-{cfg.env.name.replace('/', '_')}-s{cfg.seed}-{stamp}")
+
+
+def new_dir(parent: Path, name: str) -> Path:
+    """``parent/name`` made now, or ``name-2``, ``name-3``... when taken: ``mkdir`` is atomic, so two runs that
+    start in the same second (on two nodes of one file system too) never get one directory."""
+    for n in itertools.count(1):
+        path = parent / (name if n == 1 else f"{name}-{n}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise ConfigError(f"cannot make a run directory in {parent} ({dir_problem(err, path)}); give run_dir=<a "
+                              "writable directory>") from None
 
 
 def make_writable_dir(path: Path, key: str) -> Path:
@@ -49,11 +90,17 @@ def make_writable_dir(path: Path, key: str) -> Path:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as err:
-        reason = REASONS.get(err.errno, err.strerror or type(err).__name__)
-        if err.filename and str(err.filename) != str(path):
-            reason += f": {err.filename}"
-        raise ConfigError(f"{key}={path} cannot be used as a run directory ({reason}); choose a writable one") from None
+        raise ConfigError(f"{key}={path} cannot be used as a run directory ({dir_problem(err, path)}); choose a "
+                          "writable one") from None
     return path
+
+
+def dir_problem(err: OSError, path: Path) -> str:
+    """Why ``path`` could not be made or written, in words, naming the part of it that failed when that is another."""
+    reason = REASONS.get(err.errno, err.strerror or type(err).__name__)
+    if err.filename and str(err.filename) != str(path):
+        reason += f": {err.filename}"
+    return reason
 
 
 def lock_run_dir(path: Path, key: str) -> IO:
@@ -75,15 +122,21 @@ def lock_run_dir(path: Path, key: str) -> IO:
     return lock
 
 
-def prepare_run_dir(path: Path, *, resume: bool, overwrite: bool) -> tuple[Path, IO]:
-    """The directory a run (``resume``: the resumed run) writes to, checked, made and locked
-    (:func:`lock_run_dir`) before any work; returns it and its open lock file."""
-    key = "resume" if resume else "run_dir"
+def refuse_an_old_run(path: Path, *, resume: bool, overwrite: bool) -> None:
+    """One :class:`ConfigError` line when a new run (neither ``resume`` nor ``overwrite``) is given a ``path`` that
+    holds a run already."""
     if not resume and not overwrite and holds_run(path):
         raise ConfigError(
             f"run_dir={path} already holds a run (summary.json or checkpoint): continue it with resume={path}, "
             "pick a new run_dir=, or add overwrite=true to replace it"
         )
+
+
+def prepare_run_dir(path: Path, *, resume: bool, overwrite: bool) -> tuple[Path, IO]:
+    """The directory a run (``resume``: the resumed run) writes to, checked, made and locked
+    (:func:`lock_run_dir`) before any work; returns it and its open lock file."""
+    key = "resume" if resume else "run_dir"
+    refuse_an_old_run(path, resume=resume, overwrite=overwrite)
     make_writable_dir(path, key)
     lock = lock_run_dir(path, key)
     try:

@@ -37,12 +37,12 @@ from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config, evaluation_seed
 from acer_torchrl.health import Health
 from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, make_loggers, os_reason,
-                                  save_learning_curve, write_summary)
+                                  read_summary, save_learning_curve, write_summary)
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.optim import AdamStep
 from acer_torchrl.processes import RunGuard, StopSignals
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay
-from acer_torchrl.rundir import prepare_run_dir
+from acer_torchrl.rundir import default_run_dir, prepare_run_dir
 
 
 class TrainingError(RuntimeError):
@@ -95,11 +95,6 @@ def _listed(names: list[str], most: int = 4) -> str:
     """``a, b, c`` (or ``none``), the first ``most`` names and how many more."""
     more = f" and {len(names) - most} more" if len(names) > most else ""
     return ", ".join(names[:most]) + more if names else "none"
-
-
-def default_run_dir(cfg: Config) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{cfg.loss}-{cfg.env.name.replace('/', '_')}-s{cfg.seed}-{stamp}"
 
 
 class Trainer:
@@ -191,9 +186,25 @@ class Trainer:
         self.health.load_state(self.counters.health)
         if self.counters.rng:
             self.rng.bit_generator.state = self.counters.rng
-        self.log.load_existing(self.counters.env_steps)
+        self.warn_of_repairs([self.log.load_existing(self.counters.env_steps), self.summary_damage()])
         self.sync_acting_policy()
         self.record_resume_changes()
+
+    def summary_damage(self) -> str | None:
+        """What is wrong with the resumed run's ``summary.json`` when it cannot be read (None when it is whole or
+        missing): the run's end writes it again, at once when the checkpoint holds a finished run."""
+        path = self.run_dir / "summary.json"
+        if not path.exists() or read_summary(path) is not None:
+            return None
+        return "summary.json unreadable, rebuilt " + ("now" if self.counters.env_steps >= self.cfg.total_frames
+                                                       else "when the run ends")
+
+    def warn_of_repairs(self, repairs: list[str | None]) -> None:
+        """One warning line naming the side files a resume repaired from its checkpoint (none: no line)."""
+        done = [r for r in repairs if r]
+        if done:
+            print(f"warning: resume={self.run_dir}: {'; '.join(done)} (the checkpoint at {self.counters.env_steps} "
+                  "env steps is what the run continues from)", file=sys.stderr)
 
     def record_resume_changes(self) -> None:
         """The settings this resume changed (only those that leave the run itself alone get here, e.g.
@@ -338,12 +349,12 @@ class Trainer:
 
     def finished_summary(self) -> dict | None:
         """A resumed run that had already finished: its ``summary.json`` untouched, marked ``already_finished``
-        (with the ``total_frames`` asked for); None when there are steps left to take."""
-        if not (self.cfg.resume and self.counters.env_steps >= self.cfg.total_frames
-                and (self.run_dir / "summary.json").is_file()):
+        (with the ``total_frames`` asked for); None when there are steps left to take, or no readable summary
+        (:meth:`finish` then writes it from the checkpoint)."""
+        summary = read_summary(self.run_dir / "summary.json")
+        if not (self.cfg.resume and self.counters.env_steps >= self.cfg.total_frames and summary is not None):
             return None
-        return {**json.loads((self.run_dir / "summary.json").read_text()), "already_finished": True,
-                "total_frames": self.cfg.total_frames}
+        return {**summary, "already_finished": True, "total_frames": self.cfg.total_frames}
 
     def stop_early(self) -> str | None:
         """Stop before ``total_frames`` (a stop signal): the collector shut down, the steps taken since the latest

@@ -1,9 +1,9 @@
 """Submit recipe runs to SLURM through submitit, one job or a sweep (job array), and tabulate sweeps.
 
   python slurm/submit.py acer preset=cartpole seed=1 --partition gpu --time 240 --cpus 8 --gpus 1
-  python slurm/submit.py vracer preset=cartpole --sweep "optim.lr=1e-4,3e-4 seed=0,1,2" --wait
+  python slurm/submit.py vracer preset=pendulum --sweep "optim.lr=1e-4,3e-4 seed=0,1,2" --wait
   python slurm/submit.py acer preset=cartpole total_frames=2000 --local      # this machine, no SLURM
-  python slurm/submit.py tabulate runs/vracer-sweep-20250101-120000
+  python slurm/submit.py tabulate runs/vracer-sweep-InvertedPendulum-v5-s0-20250101-120000
   python slurm/submit.py laser_sweep agents=3 preset=cartpole --cpus 2   # one job, one task per agent
   python slurm/submit.py acer preset=minatar collector.workers=7 --nodes 2 --cpus 2   # collect on 2 nodes
 
@@ -14,28 +14,38 @@ learner and ``collector.workers`` collectors, every other node ``collector.worke
 The LASER shared-replay sweep (``laser_sweep``, see ``recipes/laser_sweep.py``) is one job with one task
 per agent; rank 0 holds the one replay and serves it to the others.
 
-Every run gets a fixed run_dir before submission (``run_dir=`` or ``resume=`` if given, else
-``runs/<recipe>-<time>``; for a sweep, ``run_dir=`` names the sweep directory and each point runs in
-``<sweep_dir>/<point>``), so a preempted or requeued job resumes from its checkpoints there (see
-``acer_torchrl/cluster.py``).
+Every run gets a fixed run_dir before submission (``run_dir=`` or ``resume=`` if given, else a new one named as
+a recipe names it, :func:`acer_torchrl.rundir.default_run_dir`; for a sweep, ``run_dir=`` names the sweep directory
+and each point runs in ``<sweep_dir>/<point>``), so a preempted or requeued job resumes from its checkpoints there
+(see ``acer_torchrl/cluster.py``). Before anything is submitted the checks a local run makes come first: the
+overrides' configuration, each run_dir's state (a finished run, a run in progress, a name too long), a sweep point
+given twice; a scheduler that refuses the job is one line too. With ``--local``, Ctrl-C / SIGTERM stop the jobs as
+they stop a recipe: each checkpoints, one line says where, exit code 130 / 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import itertools
 import json
+import os
 import shutil
+import signal
 import sys
-import time
 from pathlib import Path
 
 import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from acer_torchrl.algorithms import REGISTRY
+from acer_torchrl.cli import with_stop_signals
 from acer_torchrl.cluster import RecipeJob
-from acer_torchrl.config import override_value, without_keys
+from acer_torchrl.config import ConfigError, override_value, without_keys
+from acer_torchrl.metrics import read_summary
+from acer_torchrl.processes import Interrupted
+from acer_torchrl.rundir import check_dir_name, default_run_dir, lock_run_dir, make_writable_dir, refuse_an_old_run
 
 TABLE_KEYS = ("env_steps", "eval_return_mean", "wall_time_s")
 SHARED_REPLAY_SWEEP = "laser_sweep"
@@ -83,27 +93,11 @@ def point_name(point: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in point.items()).replace("/", "_").replace(" ", "")
 
 
-def fresh_dir(parent: Path, stem: str) -> Path:
-    """``parent/stem-<time>``, made now, with a numeric suffix if that name is taken."""
-    base = parent / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, i = base, 0
-    while True:
-        try:
-            path.mkdir(parents=True)
-            return path.resolve()
-        except FileExistsError:
-            i += 1
-            path = base.with_name(f"{base.name}-{i}")
-
-
 def check_config(recipe: str, overrides: list[str]):
     """Build the config here so that a bad override fails now, not after the job has waited in the queue."""
-    from acer_torchrl.config import ConfigError, load_config
+    from acer_torchrl.config import load_config
 
-    try:
-        return load_config(recipe, overrides)
-    except ConfigError as err:
-        raise SubmitError(str(err)) from None
+    return load_config(recipe, overrides)
 
 
 def tasks_per_node(args: argparse.Namespace, configs: list) -> int:
@@ -131,24 +125,39 @@ def plan_points(overrides: list[str], sweep: str | None) -> list[tuple[dict[str,
     clash = sorted(k for k in points[0] if override_value(base, k) is not None)
     if clash:
         raise SubmitError(f"{', '.join(clash)} given both as an override and in --sweep; keep one")
+    names = [point_name(point) for point in points]
+    twice = next((name for name in names if names.count(name) > 1), None)
+    if twice is not None:
+        raise SubmitError(f"--sweep gives the point {twice} more than once (two array tasks would share its run_dir); "
+                          "list each value once")
     return [(point, base + [f"{k}={v}" for k, v in point.items()]) for point in points]
 
 
-def plan_runs(recipe: str, given: str | None, points: list, sweep: bool) -> tuple[Path, list[dict]]:
-    """Fix (and make) every run directory: ``(top_dir, [{"name", "point", "run_dir", "overrides"}, ...])``.
-
-    One run: ``run_dir=`` or a fresh ``runs/<recipe>-<time>``. A sweep: ``run_dir=`` or a fresh
-    ``runs/<recipe>-sweep-<time>`` holds one directory per point.
-    """
-    top = Path(given).resolve() if given else fresh_dir(Path("runs"), f"{recipe}-sweep" if sweep else recipe)
-    top.mkdir(parents=True, exist_ok=True)
+def plan_runs(top: Path, points: list, sweep: bool) -> list[dict]:
+    """Every run's directory (``top``, or for a sweep one per point in it), nothing made yet:
+    ``[{"name", "point", "run_dir", "overrides"}, ...]``."""
     runs = []
     for point, point_overrides in points:
         run_dir = top / point_name(point) if sweep else top
         runs.append(
             {"name": run_dir.name, "point": point, "run_dir": str(run_dir), "overrides": point_overrides + [f"run_dir={run_dir}"]}
         )
-    return top, runs
+    return runs
+
+
+def check_run_dirs(runs: list[dict], cfg) -> None:
+    """The checks a local run makes of its run_dir (:mod:`acer_torchrl.rundir`), before anything is made or submitted:
+    a name too long, a directory that holds a run already (unless ``resume=`` or ``overwrite=true``)."""
+    for run in runs:
+        check_dir_name(run["run_dir"], "run_dir")
+        refuse_an_old_run(Path(run["run_dir"]), resume=bool(cfg.resume), overwrite=cfg.overwrite)
+
+
+def make_run_dirs(runs: list[dict]) -> None:
+    """Make every run's directory, checked writable and not in use by another run (its lock taken and let go)."""
+    for run in runs:
+        path = make_writable_dir(Path(run["run_dir"]), "run_dir")
+        lock_run_dir(path, "run_dir").close()
 
 
 def make_executor(args: argparse.Namespace, folder: Path) -> submitit.AutoExecutor:
@@ -181,6 +190,10 @@ def wait_and_report(jobs: list, runs: list[dict]) -> int:
             failed += 1
             print(f"job {job.job_id} ({run['name']}) FAILED: {error_line(err)}; log {job.paths.stderr}")
             continue
+        if "interrupted" in summary:  # a local job stopped by a signal of its own
+            failed += 1
+            print(f"job {job.job_id} ({run['name']}) {summary['interrupted']}")
+            continue
         keys = SHARED_REPLAY_SWEEP_KEYS if "agents" in summary else TABLE_KEYS
         figures = ", ".join(f"{k}={summary.get(k)}" for k in keys)
         print(f"job {job.job_id} ({run['name']}) done: {figures}")
@@ -188,7 +201,8 @@ def wait_and_report(jobs: list, runs: list[dict]) -> int:
 
 
 def tabulate(sweep_dir: Path) -> str:
-    """A text table of the sweep's points and their ``summary.json`` figures (``-`` where not finished)."""
+    """A text table of the sweep's points and their ``summary.json`` figures (``-`` where not finished or unreadable:
+    a resume of that point writes it again)."""
     index = sweep_dir / "sweep.json"
     if index.is_file():
         run_dirs = [Path(r["run_dir"]) for r in json.loads(index.read_text())["runs"]]
@@ -199,7 +213,7 @@ def tabulate(sweep_dir: Path) -> str:
     rows = [("point", *TABLE_KEYS)]
     for run_dir in run_dirs:
         path = run_dir / "summary.json"
-        summary = json.loads(path.read_text()) if path.is_file() else {}
+        summary = read_summary(path) or {}  # a point not finished, or its summary.json damaged
         rows.append((run_dir.name, *(_cell(summary.get(k)) for k in TABLE_KEYS)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
@@ -246,7 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; mistakes end with one line and exit code 2, SIGINT / SIGTERM with one line and exit code 130 /
+    143 (:func:`acer_torchrl.cli.with_stop_signals`)."""
     argv = sys.argv[1:] if argv is None else argv
+    return with_stop_signals(lambda _stops: checked_main(argv))
+
+
+def checked_main(argv: list[str]) -> int:
+    """:func:`main`'s work, its mistakes one line each."""
     try:
         if argv[:1] == ["tabulate"]:
             if len(argv) != 2:
@@ -257,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.time < 1 or args.cpus < 1 or args.nodes < 1 or args.gpus < 0 or args.max_timeouts < 0:
             raise SubmitError("--time, --cpus and --nodes must be >= 1, --gpus and --max-timeouts >= 0")
         return submit(args)
-    except SubmitError as err:
+    except (SubmitError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
@@ -275,22 +296,31 @@ def submit(args: argparse.Namespace) -> int:
     if args.recipe == SHARED_REPLAY_SWEEP:
         return submit_shared_replay_sweep(args)
     points = plan_points(args.overrides, args.sweep)
-    tasks = tasks_per_node(args, [check_config(args.recipe, point_overrides) for _, point_overrides in points])
-    require_sbatch(args)
+    configs = [check_config(args.recipe, point_overrides) for _, point_overrides in points]
+    tasks = tasks_per_node(args, configs)
     # resume=<run_dir> continues that run in place
     given_dir = override_value(args.overrides, "run_dir") or override_value(args.overrides, "resume")
-    top_dir, runs = plan_runs(args.recipe, given_dir, points, args.sweep is not None)
+    if given_dir:
+        check_dir_name(given_dir, "run_dir")
+        top_dir = Path(given_dir).resolve()
+        check_run_dirs(plan_runs(top_dir, points, args.sweep is not None), configs[0])
+    require_sbatch(args)
+    if not given_dir:
+        top_dir = default_run_dir(configs[0], sweep=args.sweep is not None).resolve()
+    runs = plan_runs(top_dir, points, args.sweep is not None)
+    make_run_dirs(runs)
     warn_short_time(args)
     executor = make_executor(args, (args.logs or top_dir / "submitit").resolve())
     executor.update_parameters(nodes=args.nodes, tasks_per_node=tasks)
     if args.nodes > 1:
         print(f"{args.nodes} nodes x {tasks} tasks a job: the learner and {tasks - 1} collector processes on the first "
               f"node, {tasks} collector processes on each other")
-    if len(runs) == 1:
-        jobs = [executor.submit(RecipeJob(), args.recipe, runs[0]["overrides"])]
-    else:
-        with executor.batch():
-            jobs = [executor.submit(RecipeJob(), args.recipe, run["overrides"]) for run in runs]
+    with scheduler_refusal_in_one_line(), local_jobs_leave_ctrl_c_to_their_task(args):
+        if len(runs) == 1:
+            jobs = [executor.submit(RecipeJob(), args.recipe, runs[0]["overrides"])]
+        else:
+            with executor.batch():
+                jobs = [executor.submit(RecipeJob(), args.recipe, run["overrides"]) for run in runs]
     for job, run in zip(jobs, runs):
         run["job_id"] = job.job_id
         print(f"job {job.job_id}  run_dir {run['run_dir']}  log {job.paths.stdout}")
@@ -299,10 +329,68 @@ def submit(args: argparse.Namespace) -> int:
         print(f"sweep dir {top_dir}  (table: python slurm/submit.py tabulate {top_dir})")
     if not (args.wait or args.local):
         return 0
-    status = wait_and_report(jobs, runs)
+    status = wait_stopping_with_the_jobs(args, jobs, runs)
     if args.sweep:
         print(tabulate(top_dir))
     return status
+
+
+@contextlib.contextmanager
+def scheduler_refusal_in_one_line():
+    """A submission that the scheduler refuses (``sbatch: error: invalid partition specified``): submitit prints
+    sbatch's words and raises them in a traceback; one :class:`SubmitError` line with sbatch's last instead."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            yield
+    except FailedJobError as err:
+        lines = [line.strip() for line in (str(err) or said.getvalue()).splitlines() if line.strip()]
+        raise SubmitError(f"the scheduler refused the job: {lines[-1] if lines else 'it gave no reason'}") from None
+    except BaseException:
+        sys.stderr.write(said.getvalue())
+        raise
+    sys.stderr.write(said.getvalue())
+
+
+@contextlib.contextmanager
+def local_jobs_leave_ctrl_c_to_their_task(args: argparse.Namespace):
+    """``--local``: the jobs start with SIGINT ignored (inherited by submitit's job controller and its task). The
+    controller would otherwise take Ctrl-C too and kill the task a second later, before its checkpoint; the task
+    handles it itself (:class:`acer_torchrl.cluster.RecipeJob`)."""
+    if not args.local:
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def wait_stopping_with_the_jobs(args: argparse.Namespace, jobs: list, runs: list[dict]) -> int:
+    """:func:`wait_and_report`; SIGINT / SIGTERM (:class:`Interrupted`) while waiting: with ``--local`` the jobs stop
+    too (the signal reaches them from the terminal, or from here through their controller) and one line says where
+    each stopped; under SLURM the jobs go on and the line says so."""
+    try:
+        return wait_and_report(jobs, runs)
+    except Interrupted as stop:
+        if not args.local:
+            ids = ", ".join(job.job_id for job in jobs)
+            raise Interrupted(stop.signum, f"stopped waiting; the jobs go on in SLURM ({ids}): squeue lists them, "
+                                           "scancel stops them") from None
+        for job in jobs:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(job.job_id), signal.SIGTERM)  # a local job's id is its controller's pid; it tells the task
+        raise Interrupted(stop.signum, "; ".join(stopped_job_line(job, run) for job, run in zip(jobs, runs))) from None
+
+
+def stopped_job_line(job, run: dict) -> str:
+    """Where a stopped local job ended: its own stop line, or that it finished or failed first."""
+    try:
+        result = job.results()[0]
+    except (FailedJobError, UncompletedJobError):
+        return f"job {job.job_id} ({run['name']}) ended without a result; log {job.paths.stderr}"
+    return f"job {job.job_id} ({run['name']}) {result.get('interrupted', 'had finished')}"
 
 
 def warn_short_time(args: argparse.Namespace) -> None:
@@ -316,7 +404,6 @@ def warn_short_time(args: argparse.Namespace) -> None:
 def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
     """A LASER sweep sharing one replay: one job whose ``agents`` tasks run one agent each
     (:class:`acer_torchrl.shared_replay.SweepTask`, requeued and resumed like a recipe run)."""
-    from acer_torchrl.config import ConfigError
     from acer_torchrl.shared_replay import SweepTask, parse_sweep_args
 
     if args.sweep or args.local:
@@ -325,17 +412,16 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
             "sweep.entropy_factors= (no --sweep); without SLURM run recipes/laser_sweep.py mode=processes"
         )
     plan_points(args.overrides, None)  # every override is key=value
-    try:
-        sweep, agent_overrides = parse_sweep_args(args.overrides)
-    except ConfigError as err:
-        raise SubmitError(str(err)) from None
-    check_config("laser", without_keys(agent_overrides, "resume"))
+    sweep, agent_overrides = parse_sweep_args(args.overrides)
+    agent_cfg = check_config("laser", without_keys(agent_overrides, "resume"))
     if sweep.agents % args.nodes:
         raise SubmitError(f"agents={sweep.agents} do not spread evenly over --nodes {args.nodes}")
     require_sbatch(args)
     given_dir = override_value(args.overrides, "resume") or override_value(args.overrides, "run_dir")
-    sweep_dir = Path(given_dir).resolve() if given_dir else fresh_dir(Path("runs"), SHARED_REPLAY_SWEEP)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if given_dir:
+        check_dir_name(given_dir, "run_dir")
+    sweep_dir = Path(given_dir).resolve() if given_dir else default_run_dir(agent_cfg, sweep=True).resolve()
+    make_writable_dir(sweep_dir, "run_dir")
     argv = without_keys(args.overrides, "run_dir", "resume")
     argv.append(f"resume={sweep_dir}" if override_value(args.overrides, "resume") else f"run_dir={sweep_dir}")
     warn_short_time(args)
@@ -343,7 +429,8 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
     # the ranks run across the nodes (rank 0, on the first node, serves the replay); each agent finds rank 0
     # by the first node's name (submitit's master address)
     executor.update_parameters(nodes=args.nodes, tasks_per_node=sweep.agents // args.nodes)
-    job = executor.submit(SweepTask(), argv)
+    with scheduler_refusal_in_one_line():
+        job = executor.submit(SweepTask(), argv)
     print(f"job {job.job_id}  {sweep.agents} tasks on {args.nodes} node(s)  sweep dir {sweep_dir}  log {job.paths.stdout}")
     if not args.wait:
         return 0

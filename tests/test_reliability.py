@@ -3,7 +3,9 @@ full disk. Process-level checks start a real recipe in a session of its own, as 
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -237,3 +239,77 @@ def test_a_helper_is_quiet_when_the_stopping_learner_hangs_up_on_what_it_shares(
         assert process.exitcode == 0
         err = capfd.readouterr().err
         assert ("Traceback" in err) == (not helper), err
+
+
+# ---------------------------------------------------------------- damaged side files on resume
+# a run of four evaluated batches (rows at 32, 64, 96 and 128 env steps), a few seconds
+SIDE_RUN = ["total_frames=128", "collector.workers=0", "collector.frames_per_batch=32", "replay.min_size=64",
+            "replay.batch_size=4", "network.hidden=16", "eval.interval=32", "eval.episodes=1", "eval.max_steps=20",
+            "log.progress=false"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> tuple[Path, dict]:
+    """A finished run's directory and its summary, copied by the tests that damage it."""
+    from acer_torchrl.cli import run
+
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    return run_dir, run("acer", [*SIDE_RUN, f"run_dir={run_dir}"])
+
+
+def damaged_copy(finished_run: tuple[Path, dict], tmp_path: Path, name: str, damage) -> Path:
+    """A copy of the finished run whose file ``name`` holds ``damage(its bytes)``."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run[0], run_dir)
+    (run_dir / name).write_bytes(damage((run_dir / name).read_bytes()))
+    return run_dir
+
+
+def second_row(damage):
+    """``damage`` applied to metrics.csv's second row (env steps 64), the other lines as they were."""
+    def apply(data: bytes) -> bytes:
+        lines = data.splitlines(keepends=True)
+        return b"".join([*lines[:2], damage(lines[2]), *lines[3:]])
+    return apply
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("damage, kept", [
+    (lambda data: data[:-9], [32, 64, 96]),  # a kill while a copy was written: its tail row cut short
+    (second_row(lambda row: b"\x00\xff\xfe" + row[5:]), [32, 96, 128]),  # junk bytes
+    (second_row(lambda row: row.replace(b",", b",text", 1)), [32, 96, 128]),  # a word where a number was
+], ids=["cut-tail", "junk-bytes", "text-cell"])
+def test_a_damaged_metrics_csv_is_repaired_on_resume_with_one_warning(finished_run, tmp_path, capsys, damage, kept):
+    from acer_torchrl.cli import run
+
+    run_dir = damaged_copy(finished_run, tmp_path, "metrics.csv", damage)
+    capsys.readouterr()
+    summary = run("acer", [f"resume={run_dir}", "total_frames=160"])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: resume={run_dir}: metrics.csv: 1 unreadable line(s) dropped (the checkpoint at "
+                        "128 env steps is what the run continues from)"]
+    assert [row["env_steps"] for row in read_rows(run_dir)] == [*kept, 160]
+    assert summary["env_steps"] == 160 and summary["restarts"] == 1
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    """metrics.csv's rows, checked to be whole."""
+    log = MetricsLog(run_dir)
+    assert log.load_existing(10**9) is None  # the file is whole again
+    return log.rows
+
+
+@pytest.mark.integration
+def test_a_half_written_summary_of_a_finished_run_is_rebuilt_from_its_checkpoint(finished_run, tmp_path, capsys):
+    from acer_torchrl.cli import run
+
+    run_dir = damaged_copy(finished_run, tmp_path, "summary.json", lambda data: data[: len(data) // 2])
+    capsys.readouterr()
+    summary = run("acer", [f"resume={run_dir}"])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: resume={run_dir}: summary.json unreadable, rebuilt now (the checkpoint at 128 env "
+                        "steps is what the run continues from)"]
+    before = finished_run[1]
+    for key in ("env_steps", "updates", "episodes", "eval_return_mean", "final_score_evaluations", "eval_return_last"):
+        assert summary[key] == before[key], key
+    assert json.loads((run_dir / "summary.json").read_text()) == summary and "already_finished" not in summary

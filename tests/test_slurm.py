@@ -9,7 +9,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -341,7 +343,14 @@ def test_sweep_is_the_cross_product():
 
 @pytest.mark.integration
 def test_submit_rejects_user_mistakes_in_one_line(tmp_path):
+    done = tmp_path / "old" / "done"  # a finished run (not a point of tmp_path, the tabulate case's "sweep")
+    done.mkdir(parents=True)
+    (done / "summary.json").write_text("{}")
     for args, message in (
+        # the checks a local run makes of its run_dir, before the job waits in the queue
+        ([RECIPE, f"run_dir={done}"], f"run_dir={done} already holds a run"),
+        ([RECIPE, f"run_dir={tmp_path / ('r' * 300)}"], "a part of that path is 300 bytes long"),
+        ([RECIPE, f"run_dir={tmp_path / 'f'}", "--sweep", "seed=0,1,1"], "gives the point seed=1 more than once"),
         ([RECIPE, "optim.lrr=1", f"run_dir={tmp_path / 'a'}", "--local"], "optim.lrr"),
         ([RECIPE, "seed=1", f"run_dir={tmp_path / 'b'}", "--sweep", "seed=2,3"], "both as an override"),
         ([RECIPE, "seed", "--local"], "not key=value"),
@@ -355,10 +364,65 @@ def test_submit_rejects_user_mistakes_in_one_line(tmp_path):
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
 
 
-def run_submit_without_sbatch(args: list[str]) -> subprocess.CompletedProcess:
-    """``slurm/submit.py`` as on a machine with no SLURM installed (``PATH`` holds only the interpreter's folder)."""
-    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+def run_submit_without_sbatch(args: list[str], bin_dir: Path | None = None) -> subprocess.CompletedProcess:
+    """``slurm/submit.py`` as on a machine with no SLURM installed (``PATH`` holds only the interpreter's folder, and
+    ``bin_dir`` when given)."""
+    env = {**os.environ, "PATH": os.pathsep.join(str(d) for d in (bin_dir, Path(sys.executable).parent) if d)}
     return subprocess.run([sys.executable, str(SUBMIT), *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.integration
+def test_a_submission_the_scheduler_refuses_is_one_line(tmp_path):
+    sbatch = tmp_path / "bin" / "sbatch"  # answers as SLURM's does to --partition nope
+    sbatch.parent.mkdir()
+    sbatch.write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: nope' >&2\n"
+                      "echo 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\nexit 1\n")
+    (sbatch.parent / "srun").write_text("#!/bin/sh\n")  # submitit looks for it
+    for tool in sbatch.parent.iterdir():
+        tool.chmod(0o755)
+    out = run_submit_without_sbatch([RECIPE, *TINY, f"run_dir={tmp_path / 'run'}", "--partition", "nope"], sbatch.parent)
+    assert out.returncode == 2 and out.stderr == ("error: the scheduler refused the job: sbatch: error: Batch job "
+                                                  "submission failed: Invalid partition name specified\n"), out.stderr
+
+
+@pytest.mark.integration
+def test_ctrl_c_on_a_local_job_checkpoints_it_and_ends_with_one_line(tmp_path):
+    """``--local``: Ctrl-C reaches submit.py, submitit's job controller and the job's task (one process group); the
+    task checkpoints, the controller leaves it to, and submit.py says where it stopped, exit code 130."""
+    from process_group import signal_group, wait_for
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(SUBMIT), RECIPE, *TINY, "total_frames=1000000", "log.checkpoint_interval=64",
+                             f"run_dir={run_dir}", "--local"],
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: (run_dir / "checkpoint" / "counters.json").exists(), proc, 180)
+    returncode, output, _ = signal_group(proc, signal.SIGINT)
+    steps = json.loads((run_dir / "checkpoint" / "counters.json").read_text())["env_steps"]
+    assert returncode == 130 and "Traceback" not in output, output
+    assert output.strip().splitlines()[-1].endswith(f"({run_dir.name}) interrupted at {steps} env steps; continue with: "
+                                                    f"python recipes/{RECIPE}.py resume={run_dir}"), output
+    (job_log,) = (run_dir / "submitit").glob("*/*_log.err")
+    assert "Traceback" not in job_log.read_text() and "leaked" not in job_log.read_text()
+
+
+def test_the_docstring_examples_pass_every_check_before_submission(tmp_path, monkeypatch):
+    submit = load_submit()
+
+    class Submitted(Exception):
+        """The examples reach the executor: every check before it passed."""
+
+    def submitted(args, folder):
+        raise Submitted
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(submit, "make_executor", submitted)
+    examples = [shlex.split(line, comments=True)[2:] for line in submit.__doc__.splitlines()
+                if line.strip().startswith("python slurm/submit.py") and " tabulate " not in line]
+    assert len(examples) == 5
+    for argv in examples:
+        with pytest.raises(Submitted):
+            submit.main(argv)
 
 
 @pytest.mark.integration
@@ -371,14 +435,15 @@ def test_submit_without_slurm_says_so_in_one_line_after_checking_the_arguments(t
 def test_tabulate_lists_points_with_and_without_summary(tmp_path):
     submit = load_submit()
     runs = []
-    for name, summary in (("seed=0", {"env_steps": 100, "eval_return_mean": 9.5, "wall_time_s": 3.25}), ("seed=1", None)):
+    finished = {"env_steps": 100, "eval_return_mean": 9.5, "wall_time_s": 3.25, "run_dir": "."}
+    for name, summary in (("seed=0", json.dumps(finished)), ("seed=1", None), ("seed=2", json.dumps(finished)[:30])):
         (tmp_path / name).mkdir()
         if summary:
-            (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+            (tmp_path / name / "summary.json").write_text(summary)
         runs.append({"run_dir": str(tmp_path / name)})
     (tmp_path / "sweep.json").write_text(json.dumps({"runs": runs}))
     rows = [row.split() for row in submit.tabulate(tmp_path).splitlines()]
-    assert rows[1:] == [["seed=0", "100", "9.50", "3.25"], ["seed=1", "-", "-", "-"]]
+    assert rows[1:] == [["seed=0", "100", "9.50", "3.25"], ["seed=1", "-", "-", "-"], ["seed=2", "-", "-", "-"]]
 
 
 def test_sweep_job_resumes_only_once_every_agent_has_a_checkpoint(tmp_path):

@@ -101,6 +101,9 @@ MORE_CASES = [
     ("resume: unknown key in config.yaml", lambda t: [f"resume={saved_config(t, 'optim: {lrr: 1}')}"],
      "config.yaml: unknown config key 'optim.lrr'; did you mean optim.lr"),
     ("resume: not a mapping", lambda t: [f"resume={saved_config(t, '- 1')}"], "holds no run configuration"),
+    # a name longer than a file system's file names: the OS's error came up where the path was first used
+    ("run_dir: a 300-byte name", lambda t: [f"run_dir={t / ('r' * 300)}"], "a part of that path is 300 bytes long"),
+    ("resume: a 300-byte name", lambda t: [f"resume={t / ('r' * 300)}"], "a part of that path is 300 bytes long"),
     # a value typed (or pasted) by mistake is echoed, cut: one line of at most 600 characters
     ("a 5 000-character value", ["env.name=" + "x" * 5_000], "characters in all)"),
     ("resume: an alias bomb", lambda t: [f"resume={saved_config(t, BOMB)}"], "uses YAML aliases (*name), which no run"),
@@ -365,3 +368,29 @@ def test_help_anywhere_on_the_line_and_submit_takes_a_recipe_path(capsys):
     finally:
         sys.path.remove(str(ROOT / "slurm"))
     assert submit.build_parser().parse_args(["recipes/acer.py", "seed=1"]).recipe == "acer"
+
+
+def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, monkeypatch):
+    """Runs given no run_dir= (a recipe's, a sweep's or slurm/submit.py's) each make their own directory at once."""
+    import threading
+    import time
+
+    from acer_torchrl.config import load_config
+    from acer_torchrl.rundir import default_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(time, "strftime", lambda _format: "20261127-052600")
+    cfg, start, made = load_config("acer", ["seed=3"]), threading.Barrier(6), []
+
+    def new_run() -> None:
+        start.wait()
+        made.append(default_run_dir(cfg))
+
+    threads = [threading.Thread(target=new_run) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    base = "acer-CartPole-v1-s3-20261127-052600"
+    assert sorted(str(path) for path in made) == sorted([f"runs/{base}", *(f"runs/{base}-{n}" for n in range(2, 7))])
+    assert default_run_dir(cfg, sweep=True) == Path("runs/acer-sweep-CartPole-v1-s3-20261127-052600")

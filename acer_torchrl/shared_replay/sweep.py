@@ -30,7 +30,7 @@ from acer_torchrl.envs import stacked_frames
 from acer_torchrl.metrics import finish_plot, new_plot
 from acer_torchrl.processes import Interrupted, RunGuard, StopSignals
 from acer_torchrl.replay import EpisodeReplay
-from acer_torchrl.rundir import make_writable_dir
+from acer_torchrl.rundir import default_run_dir, make_writable_dir
 from acer_torchrl.shared_replay.server import AgentReplay, RemoteReplay, SharedReplay, serve
 from acer_torchrl.trainer import Trainer, available_cores
 from acer_torchrl.validation import allowed, check_allowed
@@ -153,8 +153,7 @@ def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[
     if loss != "laser" and sweep.entropy_factors != SweepConfig().entropy_factors:
         raise ConfigError(f"sweep.entropy_factors scales LASER's entropy cost; loss={loss} has none (drop it)")
     base = load_config(loss, overrides)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    sweep_dir = Path(base.run_dir or f"runs/{loss}-sweep-{base.env.name.replace('/', '_')}-s{base.seed}-{stamp}")
+    sweep_dir = Path(base.run_dir) if base.run_dir else default_run_dir(base, sweep=True)
     cfgs = []
     for i in range(sweep.agents):
         cfg = copy.deepcopy(base)
