@@ -9,13 +9,20 @@ paper's Algorithm 1 (the master loop) and Algorithm 2 (one update).
 
     python examples/acer_cartpole.py [--total-frames 50000] [--seed 0]
 
-Settings: the library's ``cartpole`` preset (``acer_torchrl/settings/acer.py``) with one env in this process.
-Measured on a shared 2-core x86_64 VM (no GPU): RESULTS_PENDING
+Settings: the library's ``cartpole`` preset (``acer_torchrl/settings/acer.py``: k = 32, 32 windows an update,
+replay ratio 4, gamma 0.999, Adam 5e-4, entropy bonus 0.01, c = 10, delta = 1, alpha = 0.99) with one env in this
+process (the preset steps 2 workers of 4 envs) and TorchRL's slice sampler (see :func:`make_replay`).
+
+Measured 2026-11-27 on a 2-core x86_64 VM without GPU (torch 2.13, torchrl 0.14.1), the greedy return at 50 048
+frames (3 episodes): 500.0 on each of seeds 0, 1, 2, first reached at 35k, 35k and 40k frames (seed 1 fell to
+410 at 40k and was back at 500 by 50k). A seed took 65 s of CPU; three ran at once beside other jobs (load ~20)
+and took 15.5 min each.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
@@ -117,7 +124,10 @@ def train(total_frames: int, seed: int) -> None:
     average = SoftUpdate(loss, eps=0.99)  # alpha of sec. 3.3: the average policy network's decay
     optimiser = torch.optim.Adam(loss.parameters(), lr=LR, eps=1e-5)
     replay = make_replay()
-    collector = Collector(env, behaviour, frames_per_batch=FRAMES_PER_BATCH, total_frames=total_frames)
+    total_frames = -(-total_frames // FRAMES_PER_BATCH) * FRAMES_PER_BATCH  # whole batches, as the collector takes
+    collector = Collector(env, behaviour, frames_per_batch=FRAMES_PER_BATCH, total_frames=total_frames,
+                          auto_register_policy_transforms=False)  # feed-forward: no InitTracker to add
+    print(f"ACER on {ENV}, seed {seed}: {total_frames} frames", flush=True)
     frames, start = 0, time.time()
     try:
         for batch in collector:
@@ -144,7 +154,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.total_frames < FRAMES_PER_BATCH:
         parser.error(f"--total-frames must be at least {FRAMES_PER_BATCH} (one collected batch)")
-    train(args.total_frames, args.seed)
+    try:
+        train(args.total_frames, args.seed)
+    except KeyboardInterrupt:  # Ctrl-C: one line, and the shell's exit code for SIGINT
+        print("interrupted: this example keeps no checkpoint to resume from", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":
