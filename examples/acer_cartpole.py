@@ -14,9 +14,9 @@ replay ratio 4, gamma 0.999, Adam 5e-4, entropy bonus 0.01, c = 10, delta = 1, a
 process (the preset steps 2 workers of 4 envs) and TorchRL's slice sampler (see :func:`make_replay`).
 
 Measured 2026-11-27 on a 2-core x86_64 VM without GPU (torch 2.13, torchrl 0.14.1), the greedy return at 50 048
-frames (3 episodes): 500.0 on each of seeds 0, 1, 2, first reached at 35k, 35k and 40k frames (seed 1 fell to
-410 at 40k and was back at 500 by 50k). A seed took 65 s of CPU; three ran at once beside other jobs (load ~20)
-and took 15.5 min each.
+frames (3 episodes): 500.0 on seeds 0-4 and 419.3 on seed 5; every seed first scored 500 by 40k frames (seeds 0-2:
+35k, 35k, 40k; 3-5: 40k, 40k, 15k), and dips after it happen (seed 1: 410 at 40k, seed 5: 419 at 50k). A seed took
+62-65 s of CPU; three ran at once beside other jobs (load 12-20) and took 9.5-15.5 min each.
 """
 
 from __future__ import annotations
