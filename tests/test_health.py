@@ -97,14 +97,27 @@ def test_a_slow_runaway_that_the_running_scale_follows_is_flagged_by_the_bound()
     assert health.summary()["statistic"] in ACER_VALUES and health.summary()["update"] == first["updates"]
 
 
-@pytest.mark.parametrize("name", ["acer-cartpole-seed0-metrics.csv.gz", "acer-cartpole-seed4-runaway-metrics.csv.gz"])
+# healthy traces: (value keys, gamma, actions) of each; every env here gives a reward of 1 a step
+HEALTHY = {
+    "acer-cartpole-seed0-metrics.csv.gz": (ACER_VALUES, GAMMA, 2),
+    "acer-cartpole-seed4-runaway-metrics.csv.gz": (ACER_VALUES, GAMMA, 2),
+    "reactor-cartpole-seed0-metrics.csv.gz": (("q_ret", "q_taken"), GAMMA, 2),
+    "vracer-pendulum-seed0-metrics.csv.gz": (("state_value", "next_state_value"), 0.995, None),
+}
+
+
+@pytest.mark.parametrize("name", HEALTHY)
 def test_healthy_runs_stay_ok(name):
-    """A run of the cartpole benchmark's protocol (``recipes/acer.py preset=cartpole total_frames=50000 seed=0``,
-    as in ``acer-cartpole-seq32-seeds0-9``; this branch, final score 500.0, summary.json ``ok``) and the recorded
-    runaway's rows before its critic passed the bound 1000 (to 62.5k steps, V up to 826): no alarm."""
-    rows = trace(name)
-    healthy = [r for r in rows if r["env_steps"] < 65_000]
-    health = cartpole_health()
+    """Runs of the benchmarks' protocols on this branch, each ``ok`` in its summary.json:
+    ``recipes/acer.py preset=cartpole total_frames=50000 seed=0`` (as ``acer-cartpole-seq32-seeds0-9``, final 500.0),
+    ``recipes/reactor.py preset=cartpole total_frames=50000 seed=0`` (as ``reactor-cartpole``, final 500.0),
+    ``recipes/vracer.py preset=pendulum total_frames=20000 seed=0`` (as ``vracer-pendulum``, final 1000.0; its values
+    in units of r / sigma_r, the rows' ``reward_scale``), and the recorded runaway's rows before its critic passed the
+    bound 1000 (to 62.5k steps, V up to 826): no alarm."""
+    value_keys, gamma, actions = HEALTHY[name]
+    health = Health(value_keys, gamma=gamma, num_actions=actions)
+    health.see_rewards(1.0)
+    healthy = [r for r in trace(name) if r["env_steps"] < 65_000]
     assert replay_rows(health, healthy) is None and health.summary() == {"status": "ok"}
 
 
