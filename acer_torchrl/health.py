@@ -107,7 +107,7 @@ class Health:
             limits += [(k, row[k], BOUND_FACTOR * bound, why) for k in self.value_keys if k in row]
         if self.num_actions is not None and "entropy" in row:
             uniform = math.log(self.num_actions)
-            why = f"stayed under {ENTROPY_SHARE:g}x the uniform policy's entropy log({self.num_actions}) = {uniform:.3g}"
+            why = f"stayed under {ENTROPY_SHARE:g}x the uniform policy's entropy log({self.num_actions})={uniform:.3g}"
             limits.append(("entropy", row["entropy"], ENTROPY_SHARE * uniform, why))
         start = max(max(self.critic_start), reward**2)
         why = f"stayed over {LOSS_FACTOR:g}x its level at the start of learning {start:.3g}"
