@@ -1,13 +1,24 @@
 """Divergence watch: flags a run whose loss, gradient norm or value estimates blow up, never stops it.
 
-After every update the trainer hands :meth:`Health.observe` the statistics it already converted to floats
-(no extra device syncs): the ``loss_*`` terms, ``grad_norm`` (before clipping) and the loss's value
-estimates (:attr:`~acer_torchrl.objectives.common.ReplayLoss.value_keys`). Each has a running scale that
-follows it by at most ``GROWTH`` per update (up or down) and never drops below ``FLOOR``. A statistic that
-is non-finite, or over ``FACTOR`` times its scale for ``PATIENCE`` updates in a row, marks the run
-diverged: one warning line, and the first such update (with its env steps and the statistic) goes to
-``summary.json`` as ``health``. A noisy run, whose spikes last a few updates or stay within ``FACTOR``,
-stays ``ok``.
+Two watches, each reporting the first place it finds (one warning line; ``summary.json``'s ``health`` gets the
+update, its env steps, the statistic and its value there):
+
+* **Each update** (:meth:`Health.observe`): the trainer hands it the statistics it already converted to floats
+  (no extra device syncs): the ``loss_*`` terms, ``grad_norm`` (before clipping) and the loss's value estimates
+  (:attr:`~acer_torchrl.objectives.common.ReplayLoss.value_keys`). Each has a running scale that follows it by at
+  most ``GROWTH`` per update (up or down) and never drops below ``FLOOR``. A statistic that is non-finite, or over
+  ``FACTOR`` times its scale for ``PATIENCE`` updates in a row, marks the run diverged. It sees a sudden blow-up;
+  a runaway slower than ``GROWTH`` per update it follows without flagging.
+* **Each metrics row** (:meth:`Health.observe_row`): the means of the updates since the last row, as
+  ``metrics.csv`` records them, against absolute limits that no running scale can follow. A run is diverged when,
+  for ``ROW_PATIENCE`` rows in a row, (a) a value estimate's ``|mean|`` is over ``BOUND_FACTOR`` times the largest
+  discounted return the rewards allow, ``max|r| / (1 - gamma)`` (``max|r|`` learnt from every collected step:
+  the row's ``reward_abs_max``; in V-RACER's scaled units where the row has a ``reward_scale``), (b) a discrete
+  policy's entropy is under ``ENTROPY_SHARE`` of the uniform policy's ``log(n)``, or (c) the critic loss is over
+  ``LOSS_FACTOR`` times its level at the start of learning (the largest of its first ``START_ROWS`` rows, and at
+  least ``max|r|^2``). Replaying a run's ``metrics.csv`` through it gives the decision the run made.
+
+A noisy run, whose spikes last a few updates or stay within these limits, stays ``ok``.
 """
 
 from __future__ import annotations
@@ -19,18 +30,39 @@ PATIENCE = 5  # updates in a row it must stay there (a short spike is noise)
 GROWTH = 0.01  # the running scale follows a statistic by at most 1 % per update
 FLOOR = 1.0  # statistics below this magnitude never count as blown up
 
+BOUND_FACTOR = 2.0  # a value estimate may reach twice the largest discounted return max|r| / (1 - gamma)
+ENTROPY_SHARE = 0.01  # a discrete policy under 1 % of the uniform policy's entropy log(n) has collapsed
+LOSS_FACTOR = 1000.0  # the critic loss may grow three orders of magnitude over its level at the start of learning
+START_ROWS = 3  # that level: the largest critic loss of the first rows with updates
+ROW_PATIENCE = 2  # metrics rows in a row a statistic must stay past its limit
+
 
 class Health:
-    """The divergence watch of one run; :meth:`state` / :meth:`load_state` carry it across a resume."""
+    """The divergence watch of one run; :meth:`state` / :meth:`load_state` carry it across a resume.
 
-    def __init__(self, value_keys: tuple[str, ...] = ()):
+    Args:
+        value_keys: the update's entries that are value estimates.
+        gamma: the run's discount (the value bound ``max|r| / (1 - gamma)``; none with ``gamma = 1``).
+        num_actions: a discrete policy's number of actions (its entropy is watched); None for continuous actions.
+    """
+
+    def __init__(self, value_keys: tuple[str, ...] = (), gamma: float = 1.0, num_actions: int | None = None):
         self.value_keys = tuple(value_keys)
+        self.gamma = gamma
+        self.num_actions = num_actions
         self.scale: dict[str, float] = {}
-        self.streak: dict[str, tuple[int, int, int]] = {}  # key -> (first update, its env steps, length)
+        self.streak: dict[str, tuple[int, int, float, int]] = {}  # key -> (first update, its env steps, value, length)
+        self.row_streak: dict[str, tuple[int, int, float, int]] = {}  # the same, counted in metrics rows
+        self.reward_max = 0.0  # the largest |reward| of the steps collected so far
+        self.critic_start: list[float] = []  # the critic loss of the first START_ROWS rows with updates
         self.diverged: dict | None = None  # the first update where it went wrong
 
     def watched(self, stats: dict[str, float]) -> dict[str, float]:
         return {k: v for k, v in stats.items() if k.startswith("loss_") or k == "grad_norm" or k in self.value_keys}
+
+    def see_rewards(self, largest: float) -> None:
+        """The largest ``|reward|`` of a collected batch (the value bound is learnt from the data seen)."""
+        self.reward_max = max(self.reward_max, largest)
 
     def observe(self, stats: dict[str, float], update: int, env_steps: int) -> str | None:
         """Record the statistics of update number ``update`` (1 for the first), taken at ``env_steps``;
@@ -42,16 +74,45 @@ class Health:
             if not math.isfinite(size):
                 return self._flag(key, value, update, env_steps, "is not finite")
             scale = self.scale.setdefault(key, max(size, FLOOR))
-            if size <= FACTOR * scale:
-                self.streak.pop(key, None)
-            else:
-                first, first_steps, length = self.streak.get(key, (update, env_steps, 0))
-                if length + 1 >= PATIENCE:
-                    why = f"stayed over {FACTOR:g}x its running scale {scale:.3g}"
-                    return self._flag(key, value, first, first_steps, why)
-                self.streak[key] = (first, first_steps, length + 1)
+            first = persisting(self.streak, key, size > FACTOR * scale, (update, env_steps, value), PATIENCE)
+            if first is not None:
+                return self._flag(key, first[2], first[0], first[1],
+                                  f"stayed over {FACTOR:g}x its running scale {scale:.3g} for {PATIENCE} updates")
             self.scale[key] = max(FLOOR, scale * (1 - GROWTH), min(size, scale * (1 + GROWTH)))
         return None
+
+    def observe_row(self, row: dict[str, float], update: int, env_steps: int) -> str | None:
+        """Check a metrics row (the means of the updates since the last row, ``reward_abs_max``, ``reward_scale``
+        where the loss scales rewards) taken after update ``update`` at ``env_steps``; returns a warning line the
+        first time the run is found diverged. Rows without updates (before learning starts) are skipped."""
+        if self.diverged is not None or "loss_critic" not in row:
+            return None
+        if len(self.critic_start) < START_ROWS:
+            self.critic_start.append(abs(row["loss_critic"]))
+        for key, value, limit, why in self.row_limits(row):
+            past = value < limit if key == "entropy" else abs(value) > limit
+            first = persisting(self.row_streak, key, past, (update, env_steps, value), ROW_PATIENCE)
+            if first is not None:
+                return self._flag(key, first[2], first[0], first[1], f"{why} for {ROW_PATIENCE} metrics rows")
+        return None
+
+    def row_limits(self, row: dict[str, float]) -> list[tuple[str, float, float, str]]:
+        """``(statistic, its value, its limit, why)`` of the row's checked statistics (entropy: a lower limit)."""
+        scale = row.get("reward_scale", 1.0)  # V-RACER's sigma_r: its values are in units of r / sigma_r
+        reward = row.get("reward_abs_max", self.reward_max) / scale if scale > 0 else 0.0
+        limits = []
+        if self.gamma < 1.0 and reward > 0.0:
+            bound = reward / (1.0 - self.gamma)
+            why = f"stayed over {BOUND_FACTOR:g}x the largest return max|r|/(1-gamma) = {bound:.3g}"
+            limits += [(k, row[k], BOUND_FACTOR * bound, why) for k in self.value_keys if k in row]
+        if self.num_actions is not None and "entropy" in row:
+            uniform = math.log(self.num_actions)
+            why = f"stayed under {ENTROPY_SHARE:g}x the uniform policy's entropy log({self.num_actions})={uniform:.3g}"
+            limits.append(("entropy", row["entropy"], ENTROPY_SHARE * uniform, why))
+        start = max(max(self.critic_start), reward**2)
+        why = f"stayed over {LOSS_FACTOR:g}x its level at the start of learning {start:.3g}"
+        limits.append(("loss_critic", row["loss_critic"], LOSS_FACTOR * start, why))
+        return limits
 
     def _flag(self, key: str, value: float, update: int, env_steps: int, why: str) -> str:
         shown = value if math.isfinite(value) else str(value)  # summary.json stays standard JSON
@@ -66,8 +127,26 @@ class Health:
         return {"status": "ok"} if self.diverged is None else {"status": "diverged", **self.diverged}
 
     def state(self) -> dict:
-        return {"scale": dict(self.scale), "diverged": self.diverged}
+        return {"scale": dict(self.scale), "diverged": self.diverged, "reward_max": self.reward_max,
+                "critic_start": list(self.critic_start), "row_streak": {k: list(v) for k, v in self.row_streak.items()}}
 
     def load_state(self, state: dict) -> None:
         self.scale = dict(state.get("scale", {}))
         self.diverged = state.get("diverged")
+        self.reward_max = state.get("reward_max", 0.0)
+        self.critic_start = list(state.get("critic_start", []))
+        self.row_streak = {k: tuple(v) for k, v in state.get("row_streak", {}).items()}
+
+
+def persisting(streaks: dict, key: str, past: bool, here: tuple[int, int, float], patience: int) -> tuple | None:
+    """Count ``key``'s run of observations past its limit in ``streaks`` (``past``: this one is; ``here``: its
+    update, env steps and value); returns where the run began, ``(update, env steps, value)``, once it is
+    ``patience`` long, else None."""
+    if not past:
+        streaks.pop(key, None)
+        return None
+    *first, length = streaks.get(key, (*here, 0))
+    if length + 1 >= patience:
+        return tuple(first)
+    streaks[key] = (*first, length + 1)
+    return None

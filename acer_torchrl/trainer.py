@@ -128,7 +128,8 @@ class Trainer:
         self.online = OnlineWindows(self.loss.seq_len)
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
         self.log = MetricsLog(self.run_dir, make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb))
-        self.health = Health(self.agent.value_keys)
+        self.health = Health(self.agent.value_keys, gamma=cfg.gamma,
+                             num_actions=self.info.num_actions if self.info.discrete else None)
         self.evaluator: BackgroundEvaluator | InlineEvaluator | None = None  # from start() to close()
         self._collector = None  # from start() to stop_collecting()
         self._bar = None  # the progress bar, while the clock runs
@@ -334,9 +335,11 @@ class Trainer:
         progress = min(self.counters.env_steps / self.cfg.total_frames, 1.0)
         return 1.0 - (1.0 - self.cfg.optim.lr_end_factor) * progress
 
-    def watch_health(self, stats: dict[str, float]) -> None:
-        """Hand an update's statistics to the divergence watch; its warning (once) goes to stderr."""
-        warning = self.health.observe(stats, self.counters.updates, self.counters.env_steps)
+    def watch_health(self, stats: dict[str, float], row: bool = False) -> None:
+        """Hand an update's statistics (``row``: a metrics row's) to the divergence watch; its warning (once) goes
+        to stderr."""
+        observe = self.health.observe_row if row else self.health.observe
+        warning = observe(stats, self.counters.updates, self.counters.env_steps)
         if warning is not None:
             tqdm.write(warning, file=sys.stderr)
 
@@ -543,6 +546,7 @@ class Trainer:
         window, returns = self._window, self._returns
         self.log_evaluations(self.evaluator.results())
         batch = self.store(batch)
+        self.health.see_rewards(float(batch.get(("next", "reward")).abs().max()))
         steps = batch.numel()
         c.env_steps += steps
         done = batch.get(("next", "done"))
@@ -572,6 +576,8 @@ class Trainer:
             metrics["replay_mean_episode_steps"] = len(self.replay) / max(self.replay.num_episodes, 1)
             metrics["lr"] = self.optimizer.param_groups[0]["lr"]
             metrics["collector_dropped_steps"] = self.replay.steps_missing  # not in env_steps (see replay.py)
+            metrics["reward_abs_max"] = self.health.reward_max  # the value bound's max|r| (acer_torchrl.health)
+            self.watch_health(metrics, row=True)
             self.ask_evaluation(metrics)
             window.clear()
             returns.clear()

@@ -17,6 +17,7 @@ starts no further seed; ``--resume`` then goes on from there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib.util
 import json
@@ -92,17 +93,31 @@ def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extr
 
 def iqm_with_ci(scores: list[float], reps: int = 50_000, seed: int = 0) -> tuple[float, float, float]:
     """Interquartile mean of per-seed final scores with its 95 % stratified-bootstrap confidence interval
-    (Agarwal et al. 2021, computed by ``rliable``)."""
+    (Agarwal et al. 2021, computed by ``rliable``), the same bits for the same scores and ``seed``. With 3 seeds
+    the interval is exactly [min, max] and the IQM their mean."""
     from rliable import library as rly
     from rliable import metrics
 
-    point, interval = rly.get_interval_estimates(
-        {"run": np.asarray(scores, dtype=float).reshape(-1, 1)},
-        lambda x: np.array([metrics.aggregate_iqm(x)]),
-        reps=reps,
-        random_state=np.random.RandomState(seed),
-    )
+    with numpy_global_seed(seed):
+        point, interval = rly.get_interval_estimates(
+            {"run": np.asarray(scores, dtype=float).reshape(-1, 1)},
+            lambda x: np.array([metrics.aggregate_iqm(x)]),
+            reps=reps,
+        )
     return float(point["run"][0]), float(interval["run"][0, 0]), float(interval["run"][1, 0])
+
+
+@contextlib.contextmanager
+def numpy_global_seed(seed: int):
+    """numpy's global generator seeded with ``seed`` inside the block, as it was after it. rliable's bootstraps
+    (``StratifiedBootstrap``, the performance profiles' CIs) draw their resamples from it (``np.random.choice``)
+    whatever ``random_state`` they are given: seeded here, a CI is reproducible."""
+    saved = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(saved)
 
 
 def require_rliable() -> None:
@@ -224,7 +239,8 @@ HEADER = (
     "seed's evaluations in `<name>.json`.\n"
     "**Final score**: a run's mean greedy return over the last 10 % of its env steps (at least 3 evaluations of "
     "`eval.episodes` episodes, the last included). Across seeds: interquartile mean (IQM) with its 95 % "
-    "stratified-bootstrap confidence interval (rliable). Secondary: env steps at the first evaluation that "
+    "stratified-bootstrap confidence interval (rliable; with 3 seeds it is exactly their [min, max] and the IQM "
+    "their mean, and such rows say so). Secondary: env steps at the first evaluation that "
     "reached the threshold (- = never).\n\n"
     "| benchmark | final score IQM [95 % CI] | final score per seed | seeds with final >= threshold "
     "| steps to threshold (first touch) | wall s / seed | env steps/s | machine, date | command |\n"
@@ -232,20 +248,29 @@ HEADER = (
 )
 
 
-def append_markdown(row: dict, path: Path) -> None:
-    """Add ``row`` as the last line of the results table in ``path`` (the notes below the table stay below it)."""
-    if not path.exists():
-        path.write_text(HEADER)
+def markdown_row(row: dict) -> str:
+    """``row`` (the benchmark's JSON record) as a line of the results table. A row of 3 seeds says that its CI is
+    their [min, max] and its IQM their mean (:func:`iqm_with_ci`): the interval adds nothing to the seeds."""
     steps = ", ".join("-" if s is None else str(s) for s in row["steps_to_threshold"]) or "n/a"
-    thr = f" (>= {row['threshold']:g}, {row['frames']} steps)" if row["threshold"] is not None else f" ({row['frames']} steps)"
+    rejudged = " re-judged" if "threshold_note" in row else ""  # against another bar than its command's (the note)
+    thr = (f" (>= {row['threshold']:g}{rejudged}, {row['frames']} steps)" if row["threshold"] is not None
+           else f" ({row['frames']} steps)")
     failed = f" FAILED: {len(row['failed'])}" if row["failed"] else ""
     low, high = row["final_score_ci95"]
-    line = (
-        f"| [{row['name']}]({row['name']}.png){thr} | {row['final_score_iqm']} [{low}, {high}]{failed} | "
+    three = " (3 seeds: mean [min, max])" if len(row["final_score_per_seed"]) == 3 else ""
+    return (
+        f"| [{row['name']}]({row['name']}.png){thr} | {row['final_score_iqm']} [{low}, {high}]{three}{failed} | "
         f"{', '.join(str(v) for v in row['final_score_per_seed'])} | {row['final_score_at_threshold']} | {steps} | "
         f"{row['wall_time_s_per_seed']} | {row['env_steps_per_s']} | {row['machine']}, {row['date']} | "
         f"`{row['command']}` |"
     )
+
+
+def append_markdown(row: dict, path: Path) -> None:
+    """Add ``row`` as the last line of the results table in ``path`` (the notes below the table stay below it)."""
+    if not path.exists():
+        path.write_text(HEADER)
+    line = markdown_row(row)
     lines = path.read_text().splitlines()
     end = lines.index(next(text for text in lines if text.startswith("| benchmark |")))  # the results table's header
     while end + 1 < len(lines) and lines[end + 1].startswith("|"):  # not the tables of the notes below it

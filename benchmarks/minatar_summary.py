@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from learning import RESULTS, require_rliable  # benchmarks/ is the script's directory
+from learning import RESULTS, numpy_global_seed, require_rliable  # benchmarks/ is the script's directory
 
 GAMES = ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders")
 ALGOS = ("acer", "laser", "reactor")
@@ -78,6 +78,15 @@ def cell(algo: str, game: str) -> str:
     return f"{link}<br>{', '.join(f'{s:.1f}' for s in scores)}"
 
 
+def three_seeds_note() -> str:
+    """What a CI of 3 seeds says, for the table's rows that have 3 (:func:`learning.iqm_with_ci`)."""
+    rows = [finished_scores(a, g) for a in ALGOS for g in GAMES]
+    seeds = {len(r) for r in rows if r is not None}
+    which = "Every row here has 3 seeds" if seeds == {3} else "A row of 3 seeds"
+    return (f"{which}: its 95 % stratified-bootstrap CI is exactly [min, max] of them and its IQM their mean; the\n"
+            "interval adds nothing to the seeds listed under it.")
+
+
 def anchor(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
@@ -111,8 +120,8 @@ def plot_aggregates(matrices: dict[str, np.ndarray], games: list[str], path: Pat
     def aggregates(x):
         return np.array([metrics.aggregate_median(x), metrics.aggregate_iqm(x), metrics.aggregate_mean(x)])
 
-    points, intervals = rly.get_interval_estimates(matrices, aggregates, reps=2_000,
-                                                   random_state=np.random.RandomState(0))
+    with numpy_global_seed(0):
+        points, intervals = rly.get_interval_estimates(matrices, aggregates, reps=2_000)
     fig, _ = plot_utils.plot_interval_estimates(points, intervals, metric_names=["Median", "IQM", "Mean"],
                                                 algorithms=list(matrices), colors=COLORS, row_height=0.6,
                                                 xlabel=f"score / {NORMALISER} anchor", xlabel_y_coordinate=-0.3)
@@ -129,7 +138,8 @@ def plot_profiles(matrices: dict[str, np.ndarray], games: list[str], path: Path)
     from rliable import plot_utils
 
     taus = np.linspace(0.0, 2.5, 101)
-    profiles, cis = rly.create_performance_profile(matrices, taus, reps=2_000)
+    with numpy_global_seed(0):
+        profiles, cis = rly.create_performance_profile(matrices, taus, reps=2_000)
     fig, ax = plt.subplots(figsize=(6, 4))
     plot_utils.plot_performance_profiles(profiles, taus, performance_profile_cis=cis, colors=COLORS, ax=ax,
                                          xlabel=rf"score / {NORMALISER} anchor $(\tau)$")
@@ -165,10 +175,17 @@ Final scores at 2M env steps (each seed's mean greedy evaluation over the last 1
 
 {table()}
 
+{three_seeds_note()}
+
 Anchors: Young & Tian 2019's DQN and AC(0.8), read off the MinAtar repository's learning curves at 5M frames
 (moving average of training returns over 100 episodes: DQN's epsilon-greedy, AC's sampled; Seaquest's from
 MinAtar <= 1.0.10); gymnax-blines' PPO at 10M steps. A cell marked partial lists the seeds of an unfinished
-record (`<row>-partial/`).
+record (`<row>-partial/`). The anchors' protocol is not the rows': they are **training returns** of the acting
+(exploring) policy, the rows **greedy evaluations**; Young & Tian's agents chose among **all 6 actions** (MinAtar's
+`-v0`), the rows play the `-v1` ids, MinAtar's minimal action set of each game; MinAtar skips no frames, so a frame
+is an env step: the DQN and AC(0.8) anchors come after 5M env steps, PPO's after 10M, the rows after 2M. They place a
+row, they are not a like-for-like comparison. Every algorithm's row of a game is judged against the same bar,
+{NORMALISER}'s (`--threshold` in learning.md; Reactor's first rows, run against DQN's, re-judged from their JSON).
 
 Aggregates of the scores divided by the {NORMALISER} anchor, over the seeds and games each plot names (rliable, 2 000
 stratified-bootstrap samples):

@@ -1,0 +1,164 @@
+"""The divergence watch (acer_torchrl.health) on recorded and built traces: a recorded ACER CartPole runaway
+replayed from its metrics rows, a slow runaway that the per-update running scale follows, and healthy runs.
+
+``tests/data/*-metrics.csv.gz`` are trimmed copies of real runs' ``metrics.csv`` (the columns the row watch reads,
+values as recorded); how each was made is in the test that reads it.
+"""
+
+import csv
+import gzip
+from pathlib import Path
+
+import pytest
+
+from acer_torchrl.health import BOUND_FACTOR, ROW_PATIENCE, Health
+
+DATA = Path(__file__).resolve().parent / "data"
+ACER_VALUES = ("state_value", "q_ret")  # ACERLoss.value_keys
+GAMMA = 0.999  # ACER's cartpole preset: the value bound max|r| / (1 - gamma) = 1000
+
+
+def trace(name: str) -> list[dict[str, float]]:
+    """The rows of a recorded trace, with their numbers as floats."""
+    with gzip.open(DATA / name, "rt") as f:
+        return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+
+def replay_rows(health: Health, rows: list[dict[str, float]]) -> str | None:
+    """Feed metrics rows to the row watch as the trainer does; the first warning, or None."""
+    warnings = [health.observe_row(row, int(row["updates"]), int(row["env_steps"])) for row in rows]
+    return next((w for w in warnings if w), None)
+
+
+def cartpole_health() -> Health:
+    health = Health(ACER_VALUES, gamma=GAMMA, num_actions=2)
+    health.see_rewards(1.0)  # CartPole's reward: 1 a step
+    return health
+
+
+def test_a_recorded_runaway_is_flagged_where_its_critic_left_the_bound():
+    """``recipes/acer.py preset=cartpole total_frames=300000 seed=4`` (the preset's 2 workers, main at e51f756):
+    greedy return 500 from 35k steps, then V past 1000 = 1/(1 - gamma) at 65k and past 2000 at 70k, the critic loss
+    from ~100 to 5e5 and the return down to ~220 by 80k; it swung between V of -900 and 3e4 after, final score
+    351.8. Its per-update watch flagged the critic loss's jump at 78 656 steps; the row watch flags the first of
+    the rows where V stayed over twice the bound, at 70k, while the greedy return was still 500."""
+    rows = trace("acer-cartpole-seed4-runaway-metrics.csv.gz")
+    health = cartpole_health()
+    warning = replay_rows(health, rows)
+    first = next(r for r in rows if r["state_value"] > BOUND_FACTOR * 1000)
+    assert health.summary() == {"status": "diverged", "update": int(first["updates"]),
+                                "env_steps": int(first["env_steps"]), "statistic": "state_value",
+                                "value": first["state_value"]}
+    assert f"at update {int(first['updates'])} ({int(first['env_steps'])} env steps): state_value=" in warning
+    assert "max|r|/(1-gamma) = 1e+03" in warning
+
+
+def test_the_row_watch_sees_a_collapsed_policy_and_a_critic_loss_far_over_its_start():
+    """The same recorded trace with its value columns left out: the critic loss (over 1000x its first rows') and,
+    in a trace whose entropy is set to 0 after 100k steps, the collapsed policy are each flagged alone."""
+    rows = [{k: v for k, v in r.items() if k not in ACER_VALUES} for r in trace("acer-cartpole-seed4-runaway-metrics.csv.gz")]
+    health = cartpole_health()
+    replay_rows(health, rows)
+    start = max(r["loss_critic"] for r in rows[:3])
+    first = next(r for i, r in enumerate(rows) if all(x["loss_critic"] > 1000 * start for x in rows[i : i + ROW_PATIENCE]))
+    assert health.summary()["statistic"] == "loss_critic" and health.summary()["env_steps"] == first["env_steps"]
+
+    collapsed = [{**r, "entropy": 0.0 if r["env_steps"] > 100_000 else r["entropy"], "loss_critic": 1.0} for r in rows]
+    health = cartpole_health()
+    replay_rows(health, collapsed)
+    first = next(r for r in collapsed if r["env_steps"] > 100_000)
+    assert health.summary() == {"status": "diverged", "update": int(first["updates"]),
+                                "env_steps": int(first["env_steps"]), "statistic": "entropy", "value": 0.0}
+
+
+def slow_runaway(updates: int = 6000, per_row: int = 200) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """A critic that runs away by 0.1 % an update (x400 over the run, slower than the running scale's 1 %)
+    from a healthy V of 500 and a critic loss of 50, the policy's entropy steady: the updates' statistics and the
+    metrics rows of their means, one every ``per_row`` updates (32 env steps an update)."""
+    stats = [{"state_value": 500 * 1.001**t, "q_ret": 501 * 1.001**t, "loss_critic": 50 * 1.002**t, "entropy": 0.2,
+              "grad_norm": 30.0, "loss_objective": -0.1} for t in range(updates)]
+    rows = [{"updates": end, "env_steps": 32 * end,
+             **{k: sum(s[k] for s in stats[end - per_row : end]) / per_row for k in stats[0]}}
+            for end in range(per_row, updates + 1, per_row)]
+    return stats, rows
+
+
+def test_a_slow_runaway_that_the_running_scale_follows_is_flagged_by_the_bound():
+    stats, rows = slow_runaway()
+    per_update = cartpole_health()
+    assert not any(per_update.observe(s, t, 32 * t) for t, s in enumerate(stats, 1)), "the running scale follows it"
+
+    health = cartpole_health()
+    for row in rows:
+        for t in range(int(row["updates"]) - 199, int(row["updates"]) + 1):
+            health.observe(stats[t - 1], t, 32 * t)
+        health.observe_row(row, int(row["updates"]), int(row["env_steps"]))
+    first = next(r for r in rows if max(r[k] for k in ACER_VALUES) > BOUND_FACTOR * 1000)
+    assert health.summary()["statistic"] in ACER_VALUES and health.summary()["update"] == first["updates"]
+
+
+# healthy traces: (value keys, gamma, actions) of each; every env here gives a reward of 1 a step
+HEALTHY = {
+    "acer-cartpole-seed0-metrics.csv.gz": (ACER_VALUES, GAMMA, 2),
+    "acer-cartpole-seed4-runaway-metrics.csv.gz": (ACER_VALUES, GAMMA, 2),
+    "reactor-cartpole-seed0-metrics.csv.gz": (("q_ret", "q_taken"), GAMMA, 2),
+    "vracer-pendulum-seed0-metrics.csv.gz": (("state_value", "next_state_value"), 0.995, None),
+}
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_runs_stay_ok(name):
+    """Runs of the benchmarks' protocols on this branch, each ``ok`` in its summary.json:
+    ``recipes/acer.py preset=cartpole total_frames=50000 seed=0`` (as ``acer-cartpole-seq32-seeds0-9``, final 500.0),
+    ``recipes/reactor.py preset=cartpole total_frames=50000 seed=0`` (as ``reactor-cartpole``, final 500.0),
+    ``recipes/vracer.py preset=pendulum total_frames=20000 seed=0`` (as ``vracer-pendulum``, final 1000.0; its values
+    in units of r / sigma_r, the rows' ``reward_scale``), and the recorded runaway's rows before its critic passed the
+    bound 1000 (to 62.5k steps, V up to 826): no alarm."""
+    value_keys, gamma, actions = HEALTHY[name]
+    health = Health(value_keys, gamma=gamma, num_actions=actions)
+    health.see_rewards(1.0)
+    healthy = [r for r in trace(name) if r["env_steps"] < 65_000]
+    assert replay_rows(health, healthy) is None and health.summary() == {"status": "ok"}
+
+
+def test_the_row_watch_resumes_where_it_was():
+    """A resume restores the watch's state (the reward bound, the critic loss's start level, streaks in progress):
+    the resumed run flags the runaway at the same row as one that ran through."""
+    rows = trace("acer-cartpole-seed4-runaway-metrics.csv.gz")
+    through = cartpole_health()
+    replay_rows(through, rows)
+    cut = next(i for i, r in enumerate(rows) if r["state_value"] > BOUND_FACTOR * 1000) + 1  # inside the streak
+    before = cartpole_health()
+    replay_rows(before, rows[:cut])
+    resumed = Health(ACER_VALUES, gamma=GAMMA, num_actions=2)
+    resumed.load_state(before.state())
+    replay_rows(resumed, rows[cut:])
+    assert resumed.summary() == through.summary() != {"status": "ok"}
+
+
+@pytest.mark.integration
+def test_a_run_flags_what_its_metrics_rows_show_and_records_the_bound_they_were_judged_by(tmp_path, monkeypatch, capsys):
+    """A real ACER CartPole run (in-process, 1 env, tiny network) with the value bound shrunk a millionfold, so that
+    its second metrics row trips it: one warning line, ``health`` in summary.json at the first of the two rows,
+    and the run's own ``metrics.csv`` replayed through a fresh watch gives that same decision."""
+    from acer_torchrl import health as health_module
+    from acer_torchrl.config import load_config
+    from acer_torchrl.trainer import Trainer
+
+    monkeypatch.setattr(health_module, "BOUND_FACTOR", 1e-6)
+    run_dir = tmp_path / "run"
+    trainer = Trainer(load_config("acer", [f"run_dir={run_dir}", "total_frames=192", "eval.interval=64",
+                                           "collector.workers=0", "collector.frames_per_batch=32", "replay.min_size=64",
+                                           "replay.batch_size=4", "network.hidden=16", "eval.episodes=1",
+                                           "eval.max_steps=20", "log.progress=false"]))
+    summary = trainer.train()
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "training diverged" in line]
+    assert len(warnings) == 1 and "max|r|/(1-gamma)" in warnings[0], warnings
+    assert summary["health"]["status"] == "diverged" and summary["health"]["statistic"] in ACER_VALUES
+
+    with (run_dir / "metrics.csv").open() as f:
+        rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+    assert {r["reward_abs_max"] for r in rows} == {1.0}, "CartPole's reward, learnt from the collected steps"
+    replayed = Health(ACER_VALUES, gamma=trainer.cfg.gamma, num_actions=2)
+    replay_rows(replayed, rows)
+    assert replayed.summary() == summary["health"]
