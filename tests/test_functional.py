@@ -1,6 +1,7 @@
-"""Tests of the pure estimators against plain loops written straight from the papers' equations.
+"""Tests of the pure estimators: each fast form against its reference loop in ``functional``, and the references
+against the papers' equations in other forms (sums, hand numbers).
 
-The references below loop over batch elements and time in Python floats; they share no code with
+The loops below run over batch elements and time in Python floats; they share no code with
 ``acer_torchrl.objectives.functional``. Windows hold terminated steps, truncated steps and episode
 boundaries mid-window.
 """
@@ -13,13 +14,20 @@ import torch
 from acer_torchrl.objectives import functional as F
 from acer_torchrl.objectives.affine_tree import AffineSuffixTree
 from acer_torchrl.objectives.functional import (
+    ImportanceWeights,
+    VTraceReturns,
     acer_trust_region,
     implied_policy_kl,
+    laser_relevant_weights,
     refer_beta_update,
     refer_c_max,
     refer_lr,
     retrace,
+    retrace_reference,
+    truncated_importance_weights,
     vtrace,
+    vtrace_from_weights,
+    vtrace_reference,
 )
 
 GAMMA = 0.9
@@ -78,28 +86,7 @@ def from_rows(values, like):
 # ------------------------------------------------------------------ reference loops
 
 
-def retrace_reference(gamma, reward, q, next_v, trace, terminated, done):
-    """ACER Alg. 2/3 per episode segment: Q^ret <- 0 (terminal) or V(x_k); then backwards
-    Q^ret <- r_i + gamma Q^ret (stored), Q^ret <- c_i (Q^ret - Q(x_i, a_i)) + V(x_i)."""
-    out = []
-    for r, qq, nv, c, te, do in zip(*map(rows, (reward, q, next_v, trace, terminated, done))):
-        T = len(r)
-        res = [0.0] * T
-        ret = 0.0
-        for i in range(T - 1, -1, -1):
-            if i == T - 1 or do[i]:  # last step of its episode segment: restart the recursion
-                ret = 0.0 if te[i] else nv[i]
-            else:  # Q^ret <- c_{i+1} (Q^ret_{i+1} - Q(x_{i+1}, a_{i+1})) + V(x_{i+1})
-                ret = c[i + 1] * (ret - qq[i + 1]) + nv[i]
-            ret = r[i] + gamma * ret
-            res[i] = ret
-        out.append(res)
-    return from_rows(out, reward)
-
-
-def vtrace_reference(
-    gamma, reward, v, next_v, log_rho, terminated, done, rho_bar, c_bar, relevance
-):
+def vtrace_sum(gamma, reward, v, next_v, log_rho, terminated, done, rho_bar, c_bar, relevance):
     """IMPALA eq. 1 as a sum, with LASER eq. 7's lambda in the trace product and on rho delta:
     v_s = V(x_s) + sum_{t=s}^{end} gamma^{t-s} (prod_{i=s}^{t-1} lambda_i c_i) lambda_t rho_t
     delta_t,
@@ -159,17 +146,24 @@ def affine_reference(a, b):
     return from_rows(out, b)
 
 
-def call_retrace(w, trace):
-    return retrace(
+def call_retrace(w, trace, estimator=retrace):
+    return estimator(
         GAMMA, w["reward"], w["state_action_value"], w["next_state_value"], trace,
         w["terminated"], w["done"],
     )
 
 
-def call_vtrace(w, **kw):
-    return vtrace(
-        GAMMA, w["reward"], w["state_value"], w["next_state_value"], w["log_rho"],
-        w["terminated"], w["done"], **kw,
+def window_weights(w, rho_bar=1.0, c_bar=1.0, relevance=None):
+    """V-trace's truncated weights of the window, under LASER's relevance mask where one is given."""
+    weights = truncated_importance_weights(w["log_rho"], rho_bar, c_bar)
+    return weights if relevance is None else laser_relevant_weights(weights, relevance)
+
+
+def call_vtrace(w, rho_bar=1.0, c_bar=1.0, relevance=None, estimator=vtrace_from_weights):
+    """V-trace on the window as LASER's loss composes it (plain V-trace without ``relevance``)."""
+    return estimator(
+        GAMMA, w["reward"], w["state_value"], w["next_state_value"], window_weights(w, rho_bar, c_bar, relevance),
+        w["terminated"], w["done"],
     )
 
 
@@ -204,24 +198,16 @@ def test_scan_flushes_underflowing_products_and_stays_exact_in_float32():
 
 
 @pytest.mark.parametrize("T", [SHORT_T, LONG_T])
-def test_retrace_matches_acer_algorithm(T):
+@pytest.mark.parametrize("traces", ["truncated rho", "Q^opc ones", "random"])
+def test_retrace_equals_its_reference(T, traces):
     w = make_window(T=T, seed=T)
-    trace = w["log_rho"].exp().clamp_max(1.0)
-    expected = retrace_reference(
-        GAMMA, w["reward"], w["state_action_value"], w["next_state_value"], trace,
-        w["terminated"], w["done"],
-    )
+    trace = {
+        "truncated rho": w["log_rho"].exp().clamp_max(1.0),
+        "Q^opc ones": torch.ones_like(w["reward"]),
+        "random": 1.2 * torch.rand_like(w["reward"]),
+    }[traces]
+    expected = call_retrace(w, trace, estimator=retrace_reference)
     torch.testing.assert_close(call_retrace(w, trace), expected, rtol=1e-10, atol=1e-10)
-
-
-def test_qopc_is_retrace_with_unit_traces():
-    w = make_window(seed=3)
-    ones = torch.ones_like(w["reward"])
-    expected = retrace_reference(
-        GAMMA, w["reward"], w["state_action_value"], w["next_state_value"], ones,
-        w["terminated"], w["done"],
-    )
-    torch.testing.assert_close(call_retrace(w, ones), expected, rtol=1e-10, atol=1e-10)
 
 
 def test_retrace_without_batch_dims_and_float32():
@@ -229,11 +215,25 @@ def test_retrace_without_batch_dims_and_float32():
     trace = torch.rand_like(w["reward"])
     out = call_retrace(w, trace)
     assert out.shape == (LONG_T, 1) and out.dtype == torch.float32
-    expected = retrace_reference(
-        GAMMA, w["reward"], w["state_action_value"], w["next_state_value"], trace,
-        w["terminated"], w["done"],
-    )
+    expected = call_retrace(w, trace, estimator=retrace_reference)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("estimator", [retrace_reference, retrace])
+def test_retrace_hand_numbers(estimator):
+    # ACER eq. 5 by hand; rows: t=0 continues, t=1 truncated (bootstraps on V(s_2) = 4, cuts the trace),
+    # t=2 a new episode that terminates
+    r, q, v = [1.0, 2.0, 3.0], [10.0, 20.0, 30.0], [5.0, 4.0, 7.0]  # v[t] = V(s_{t+1})
+    c, g = [0.5, 0.25, 0.5], 0.5
+    q_ret_1 = r[1] + g * v[1]  # truncated: V(s_2), no correction from the next episode
+    q_ret_0 = r[0] + g * (v[0] + c[1] * (q_ret_1 - q[1]))
+    q_ret_2 = r[2]  # terminated: no bootstrap
+    as_column = lambda x: torch.tensor(x, dtype=torch.float64).reshape(3, 1)  # noqa: E731
+    out = estimator(
+        g, as_column(r), as_column(q), as_column(v), as_column(c),
+        as_column([False, False, True]).bool(), as_column([False, True, True]).bool(),
+    )
+    assert out.flatten().tolist() == pytest.approx([q_ret_0, q_ret_1, q_ret_2], rel=1e-15)
 
 
 @pytest.mark.parametrize("T", [SHORT_T, LONG_T])
@@ -286,18 +286,37 @@ def test_nothing_leaks_back_across_a_mid_window_boundary(kind):
 @pytest.mark.parametrize("T", [SHORT_T, LONG_T])
 @pytest.mark.parametrize("rho_bar,c_bar", [(1.0, 1.0), (2.0, 1.0), (1.5, 0.8)])
 @pytest.mark.parametrize("masked", [False, True])
-def test_vtrace_matches_impala_and_laser_sums(T, rho_bar, c_bar, masked):
+def test_vtrace_reference_matches_impala_and_laser_sums(T, rho_bar, c_bar, masked):
     w = make_window(T=T, seed=T + int(10 * rho_bar))
     relevance = w["relevance"] if masked else torch.ones_like(w["done"])
-    expected_v, expected_a = vtrace_reference(
+    expected_v, expected_a = vtrace_sum(
         GAMMA, w["reward"], w["state_value"], w["next_state_value"], w["log_rho"],
         w["terminated"], w["done"], rho_bar, c_bar, relevance,
     )
     value_target, advantage = call_vtrace(
-        w, rho_bar=rho_bar, c_bar=c_bar, relevance=relevance if masked else None
+        w, rho_bar=rho_bar, c_bar=c_bar, relevance=relevance if masked else None, estimator=vtrace_reference
     )
     torch.testing.assert_close(value_target, expected_v, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(advantage, expected_a, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("T", [SHORT_T, LONG_T])
+@pytest.mark.parametrize("rho_bar,c_bar", [(1.0, 1.0), (2.0, 1.0), (1.5, 0.8)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_vtrace_equals_its_reference(T, rho_bar, c_bar, masked):
+    w = make_window(T=T, seed=T + int(10 * c_bar))
+    relevance = w["relevance"] if masked else None
+    expected = call_vtrace(w, rho_bar, c_bar, relevance, estimator=vtrace_reference)
+    out = call_vtrace(w, rho_bar, c_bar, relevance)
+    assert isinstance(out, VTraceReturns) and isinstance(expected, VTraceReturns)
+    torch.testing.assert_close(out.value_target, expected.value_target, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out.pg_advantage, expected.pg_advantage, rtol=1e-10, atol=1e-10)
+    if not masked:  # vtrace is the same on log_rho
+        plain = vtrace(
+            GAMMA, w["reward"], w["state_value"], w["next_state_value"], w["log_rho"], w["terminated"], w["done"],
+            rho_bar=rho_bar, c_bar=c_bar,
+        )
+        torch.testing.assert_close(plain, out, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("T", [SHORT_T, LONG_T])
@@ -326,17 +345,22 @@ def test_vtrace_matches_torchrl(T, mid_window_done):
             w["next_state_value"], w["reward"], w["done"], w["terminated"],
             rho_thresh=rho_bar, c_thresh=c_bar,
         )
-        ours_v, ours_a = call_vtrace(w, rho_bar=rho_bar, c_bar=c_bar)
+        ours_v, ours_a = vtrace(
+            GAMMA, w["reward"], w["state_value"], w["next_state_value"], w["log_rho"], w["terminated"], w["done"],
+            rho_bar=rho_bar, c_bar=c_bar,
+        )
         torch.testing.assert_close(ours_v, value_target, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(ours_a, advantage, rtol=1e-5, atol=1e-5)
 
 
-def test_relevance_all_true_equals_no_mask():
+def test_all_relevant_weights_are_the_plain_weights_and_a_rejection_zeroes_both():
     w = make_window(seed=9)
-    v0, a0 = call_vtrace(w, rho_bar=1.5)
-    v1, a1 = call_vtrace(w, rho_bar=1.5, relevance=torch.ones_like(w["done"]))
-    torch.testing.assert_close(v0, v1, rtol=0, atol=0)
-    torch.testing.assert_close(a0, a1, rtol=0, atol=0)
+    plain = window_weights(w, rho_bar=1.5)
+    assert isinstance(plain, ImportanceWeights)
+    torch.testing.assert_close(window_weights(w, 1.5, relevance=torch.ones_like(w["done"])), plain, rtol=0, atol=0)
+    masked = window_weights(w, 1.5, relevance=w["relevance"])
+    for kept, full in zip(masked, plain):
+        torch.testing.assert_close(kept, torch.where(w["relevance"], full, 0.0), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("T", [SHORT_T, LONG_T])
@@ -388,7 +412,8 @@ def test_estimators_are_differentiable_and_not_detached(T):
         return retrace(GAMMA, r, q, nv, trace, *flags)
 
     def vt(r, sv, nv, log_rho):
-        return vtrace(GAMMA, r, sv, nv, log_rho, *flags, rho_bar=1.5, relevance=w["relevance"])
+        weights = laser_relevant_weights(truncated_importance_weights(log_rho, 1.5), w["relevance"])
+        return vtrace_from_weights(GAMMA, r, sv, nv, weights, *flags)
 
     assert ret(r, q, nv, trace).requires_grad  # callers must detach targets themselves
     assert torch.autograd.gradcheck(ret, (r, q, nv, trace), fast_mode=True)

@@ -22,21 +22,39 @@ Gradients: the estimators are ordinary differentiable torch functions (the scans
 autograd-safe). They do **not** detach anything: callers must ``.detach()`` the targets (or call
 them under ``torch.no_grad()``) when they use them as regression targets or advantages.
 
-Speed: the backward recursions of Retrace and V-trace are first-order linear recurrences
-``x_t = a_t * x_{t+1} + b_t``. They are solved by :func:`_affine_scan`, vectorised over every batch
-dim: a plain loop over ``t`` for short windows, a log-depth associative scan (odd-even reduction)
-on the affine maps ``x -> a x + b`` for long ones (see ``benchmarks/results/estimators.md``).
+Definitions and fast forms: each estimator with a recursion over time has a plain reference
+function, a Python loop over ``t`` written straight from the paper's equation
+(:func:`retrace_reference`, :func:`vtrace_reference`): that loop is the definition. The function
+beside it (:func:`retrace`, :func:`vtrace_from_weights`) computes the same numbers, up to float
+rounding (``tests/test_functional.py`` checks it), faster: the recursions are first-order linear
+recurrences ``x_t = a_t * x_{t+1} + b_t`` whose coefficients are computed for all ``t`` at once and
+then solved by :func:`_affine_scan`, vectorised over every batch dim: a plain loop over ``t`` for
+short windows, a log-depth associative scan (odd-even reduction) on the affine maps ``x -> a x + b``
+for long ones (see ``benchmarks/results/estimators.md``).
+
+Several outputs come back as named tuples (:class:`VTraceReturns`, :class:`ImportanceWeights`).
+LASER's relevance mask (Schmitt et al. 2019, eq. 7) is not part of V-trace: it is
+:func:`laser_relevant_weights`, applied to V-trace's truncated importance weights before
+:func:`vtrace_from_weights`.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "ImportanceWeights",
+    "VTraceReturns",
+    "retrace_reference",
     "retrace",
+    "truncated_importance_weights",
+    "laser_relevant_weights",
+    "vtrace_reference",
+    "vtrace_from_weights",
     "vtrace",
     "implied_policy_kl",
     "acer_trust_region",
@@ -49,8 +67,9 @@ __all__ = [
 ]
 
 # The odd-even reduction of :func:`_affine_scan` halves the window until it is at most this long,
-# then a plain loop over t finishes it (crossover measured on 2 CPU cores, see
-# benchmarks/results/estimators.md); windows this short are solved by the loop alone.
+# then a plain loop over t finishes it: below this length the loop's few small ops cost less than
+# the reduction's levels (see benchmarks/results/estimators.md); windows this short are solved by
+# the loop alone.
 SCAN_MIN_T = 16
 
 _LOG2_E = math.log2(math.e)
@@ -122,7 +141,8 @@ def _check_shapes(**tensors: Tensor) -> None:
 
 
 def _as_float(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """0/1 float copy of a bool mask (through uint8: ~7x faster than ``mask.to(dtype)`` on CPU)."""
+    """0/1 float copy of a bool mask (through uint8: a plain copy of the bytes, where ``mask.to(dtype)``
+    takes a slower conversion path on CPU)."""
     return mask.view(torch.uint8).to(dtype)
 
 
@@ -131,7 +151,25 @@ def _shift_up(x: Tensor) -> Tensor:
     return torch.cat([x[..., 1:, :], torch.zeros_like(x[..., :1, :])], dim=-2)
 
 
-def retrace(
+class ImportanceWeights(NamedTuple):
+    """V-trace's truncated importance weights of each step, ``[*B, T, 1]`` (IMPALA, Espeholt et al. 2018, eq. 1)."""
+
+    rho: Tensor
+    """``rhō_t``: weighs step ``t``'s own TD error ``delta_t`` (and its policy-gradient advantage)."""
+    c: Tensor
+    """``c_t``: carries the corrections of later steps back through step ``t`` (the trace)."""
+
+
+class VTraceReturns(NamedTuple):
+    """V-trace's outputs, each ``[*B, T, 1]``; differentiable, not detached."""
+
+    value_target: Tensor
+    """``v_t``, the value target (IMPALA eq. 1)."""
+    pg_advantage: Tensor
+    """``A_t = rhō_t (r_t + gamma v_{t+1} - V(s_t))``, the policy-gradient advantage (IMPALA Sec. 4.2)."""
+
+
+def retrace_reference(
     gamma: float | Tensor,
     reward: Tensor,
     state_action_value: Tensor,
@@ -140,7 +178,7 @@ def retrace(
     terminated: Tensor,
     done: Tensor,
 ) -> Tensor:
-    """Retrace target ``Q^ret`` (ACER, Wang et al. 2017, eq. 5 and Alg. 2-3).
+    """Retrace target ``Q^ret``: the definition, ACER's eq. 5 (Wang et al. 2017) run backwards over ``t``.
 
     ``Q^ret_t = r_t + gamma (1 - terminated_t) [ V(s_{t+1})
                     + (1 - done_t) c_{t+1} (Q^ret_{t+1} - Q(s_{t+1}, a_{t+1})) ]``
@@ -164,14 +202,38 @@ def retrace(
     Returns:
         ``Q^ret``, ``[*B, T, 1]``; differentiable, not detached.
     """
-    _check_shapes(
-        reward=reward,
-        state_action_value=state_action_value,
-        next_state_value=next_state_value,
-        trace=trace,
-        terminated=terminated,
-        done=done,
-    )
+    _check_shapes(reward=reward, state_action_value=state_action_value, next_state_value=next_state_value,
+                  trace=trace, terminated=terminated, done=done)
+    rows = []
+    q_ret = None  # Q^ret_{t+1}
+    for t in reversed(range(reward.shape[-2])):
+        bootstrap = next_state_value[..., t, :]  # V(s_{t+1})
+        if q_ret is not None:  # row t+1 is in the window: add its correction unless it is another episode
+            correction = trace[..., t + 1, :] * (q_ret - state_action_value[..., t + 1, :])
+            bootstrap = bootstrap + torch.where(done[..., t, :], 0.0, correction)
+        q_ret = reward[..., t, :] + gamma * torch.where(terminated[..., t, :], 0.0, bootstrap)
+        rows.append(q_ret)
+    return torch.stack(rows[::-1], dim=-2)
+
+
+def retrace(
+    gamma: float | Tensor,
+    reward: Tensor,
+    state_action_value: Tensor,
+    next_state_value: Tensor,
+    trace: Tensor,
+    terminated: Tensor,
+    done: Tensor,
+) -> Tensor:
+    """Retrace target ``Q^ret`` (ACER, Wang et al. 2017, eq. 5 and Alg. 2-3): equal to
+    :func:`retrace_reference` (same arguments, same conventions), up to float rounding.
+
+    Faster because eq. 5 is the affine recursion ``Q^ret_t = a_t Q^ret_{t+1} + b_t``: ``a`` and ``b``
+    are computed for every step in a few whole-tensor ops, and :func:`_affine_scan` solves it in
+    log-depth for long windows, where the reference runs several small ops per step.
+    """
+    _check_shapes(reward=reward, state_action_value=state_action_value, next_state_value=next_state_value,
+                  trace=trace, terminated=terminated, done=done)
     continues = _as_float(~(done | terminated), reward.dtype)
     discount = gamma * _as_float(~terminated, reward.dtype)
     # Q^ret_t = a_t Q^ret_{t+1} + b_t, a_t = gamma (1-term_t)(1-done_t) c_{t+1} (0 on the last row),
@@ -180,6 +242,131 @@ def retrace(
     b = torch.addcmul(reward, discount, next_state_value)
     b = torch.addcmul(b, a, _shift_up(state_action_value), value=-1)
     return _affine_scan(a, b)
+
+
+def truncated_importance_weights(log_rho: Tensor, rho_bar: float = 1.0, c_bar: float = 1.0) -> ImportanceWeights:
+    """``rhō_t = min(rho_bar, rho_t)`` and ``c_t = min(c_bar, rho_t)``, ``rho_t = exp(log_rho_t) =
+    pi(a_t|s_t) / mu(a_t|s_t)`` (IMPALA eq. 1)."""
+    # rho = exp(log_rho), computed as 2^(log_rho log2 e): same values to 1 ulp, and on CPU torch's
+    # exp opens a parallel region even for a few elements, which can cost a scheduler tick whenever
+    # the cores are shared with other processes; exp2 does not.
+    rho = torch.exp2(log_rho * _LOG2_E)
+    return ImportanceWeights(rho=rho.clamp_max(rho_bar), c=rho.clamp_max(c_bar))
+
+
+def laser_relevant_weights(weights: ImportanceWeights, relevance: Tensor) -> ImportanceWeights:
+    """V-trace's weights under LASER's trust region (Schmitt et al. 2019, eq. 7): ``lambda_t rhō_t`` and
+    ``lambda_t c_t``, for :func:`vtrace_from_weights`.
+
+    ``relevance`` (bool, ``[*B, T, 1]``) is the paper's ``lambda(s_t) = 1[beta(pi, mu, s_t) < b]``
+    (relevant = KL below the threshold, as ``M_beta`` in LASER Sec. 4.1; the ``> b`` printed under eq. 7
+    contradicts it). Eq. 7 multiplies every ``c_{t+i}`` in the trace product by ``lambda(s_{t+i})`` and
+    the ``rho_{t+k} delta_{t+k}`` term by ``lambda(s_{t+k})``; in V-trace's recursion that is exactly
+    ``rhō_t <- lambda_t rhō_t`` and ``c_t <- lambda_t c_t``. For a rejected step ``j`` (``lambda_j = 0``)
+    this means:
+
+    * ``value_target[j] = V(s_j)`` and ``pg_advantage[j] = 0`` (its ``rho delta`` term is 0), so
+      with a detached target it contributes no value or policy gradient;
+    * the bootstrap stops at ``s_j``: an earlier step ``t < j`` of the same episode sums
+      corrections only up to ``j - 1`` (its trace product holds ``lambda_j c_j = 0``), so its last
+      correction ``delta_{j-1} = r_{j-1} + gamma V(s_j) - V(s_{j-1})`` bootstraps on the rejected
+      step's own value ``V(s_j)``, and its advantage uses ``v_j = V(s_j)``;
+    * later steps ``t > j`` are unaffected (the recursion runs backwards).
+    """
+    _check_shapes(rho=weights.rho, c=weights.c, relevance=relevance)
+    keep = _as_float(relevance, weights.rho.dtype)
+    return ImportanceWeights(rho=weights.rho * keep, c=weights.c * keep)
+
+
+def vtrace_reference(
+    gamma: float | Tensor,
+    reward: Tensor,
+    state_value: Tensor,
+    next_state_value: Tensor,
+    weights: ImportanceWeights,
+    terminated: Tensor,
+    done: Tensor,
+) -> VTraceReturns:
+    """V-trace targets and policy-gradient advantages: the definition, IMPALA's eq. 1 (Espeholt et al.
+    2018) in its recursive form (their Remark 1; LASER Sec. 2.3) run backwards over ``t``.
+
+    With ``rhō_t, c_t = weights`` (:func:`truncated_importance_weights`, possibly under
+    :func:`laser_relevant_weights`) and ``delta_t = r_t + gamma (1 - terminated_t) V(s_{t+1}) - V(s_t)``:
+
+    ``v_t = V(s_t) + rhō_t delta_t + gamma (1 - done_t) c_t (v_{t+1} - V(s_{t+1}))``
+
+    cut at ``done`` and at the window end, where the last row bootstraps on ``V(s_T)`` through
+    ``delta``. The policy-gradient advantage (IMPALA Sec. 4.2) is
+
+    ``A_t = rhō_t (r_t + gamma (1 - terminated_t) v_{t+1} - V(s_t))``
+
+    where ``v_{t+1}`` is the target of row ``t+1`` when it is in the same episode (``done_t``
+    false) and ``V(s_{t+1}) = next_state_value[t]`` otherwise or on the last row.
+
+    **V-RACER.** ReF-ER's ``V^tbc`` (Novati & Koumoutsakos 2019, eq. 8),
+    ``V^tbc_t = V(s_t) + rhō_t [r_{t+1} + gamma V^tbc_{t+1} - V(s_t)]`` with
+    ``rhō_t = min(1, rho_t)`` (their ``r_{t+1}`` is our ``r_t``), is V-trace with
+    ``rho_bar = c_bar = 1``: then ``c_t = rhō_t`` and the recursion above reads
+    ``v_t = V(s_t) + rhō_t (r_t + gamma V(s_{t+1}) - V(s_t)) + gamma rhō_t (v_{t+1} - V(s_{t+1}))
+    = V(s_t) + rhō_t (r_t + gamma v_{t+1} - V(s_t))`` (tested in ``tests/test_functional.py``).
+
+    Args:
+        gamma: discount, ``>= 0``.
+        reward: ``r_t``, ``[*B, T, 1]``.
+        state_value: ``V(s_t)``, ``[*B, T, 1]``.
+        next_state_value: ``V(s_{t+1})``, ``[*B, T, 1]``.
+        weights: ``rhō_t`` and ``c_t``, each ``[*B, T, 1]``.
+        terminated, done: bool ``[*B, T, 1]``.
+    """
+    rho, c = weights
+    _check_shapes(reward=reward, state_value=state_value, next_state_value=next_state_value, rho=rho, c=c,
+                  terminated=terminated, done=done)
+    targets, advantages = [], []
+    v_after = None  # v_{t+1}
+    for t in reversed(range(reward.shape[-2])):
+        r, value, next_value = reward[..., t, :], state_value[..., t, :], next_state_value[..., t, :]
+        end = terminated[..., t, :]
+        # v_{t+1} where row t+1 is in the window and the same episode, V(s_{t+1}) otherwise
+        v_next = next_value if v_after is None else torch.where(done[..., t, :], next_value, v_after)
+        delta = r + gamma * torch.where(end, 0.0, next_value) - value
+        v_t = value + rho[..., t, :] * delta + gamma * c[..., t, :] * (v_next - next_value)
+        advantages.append(rho[..., t, :] * (r + gamma * torch.where(end, 0.0, v_next) - value))
+        targets.append(v_t)
+        v_after = v_t
+    return VTraceReturns(torch.stack(targets[::-1], dim=-2), torch.stack(advantages[::-1], dim=-2))
+
+
+def vtrace_from_weights(
+    gamma: float | Tensor,
+    reward: Tensor,
+    state_value: Tensor,
+    next_state_value: Tensor,
+    weights: ImportanceWeights,
+    terminated: Tensor,
+    done: Tensor,
+) -> VTraceReturns:
+    """V-trace targets and policy-gradient advantages (IMPALA, Espeholt et al. 2018, eq. 1 and Sec. 4.2):
+    equal to :func:`vtrace_reference` (same arguments, same conventions), up to float rounding.
+
+    Faster because the recursion is affine in ``v_t - V(s_t)``: its coefficients come from a few
+    whole-tensor ops and :func:`_affine_scan` solves it in log-depth for long windows; the advantages
+    then follow from the targets in one vectorised op, where the reference runs several small ops per step.
+    """
+    rho, c = weights
+    _check_shapes(reward=reward, state_value=state_value, next_state_value=next_state_value, rho=rho, c=c,
+                  terminated=terminated, done=done)
+    discount = gamma * _as_float(~terminated, reward.dtype)  # gamma (1 - terminated_t)
+    continues = _as_float(~(done | terminated), reward.dtype)  # row t+1 is the same episode
+    # rho_t delta_t, delta_t = r_t + gamma (1 - terminated_t) V(s_{t+1}) - V(s_t)
+    weighted_td = rho * (torch.addcmul(reward, discount, next_state_value) - state_value)
+    # v_t - V(s_t) = rho_t delta_t + gamma (1 - done_t) c_t (v_{t+1} - V(s_{t+1}))  (IMPALA eq. 1)
+    value_target = state_value + _affine_scan(gamma * continues * c, weighted_td)
+    # A_t = rho_t (r_t + gamma (1 - terminated_t) v_{t+1} - V(s_t))  (IMPALA Sec. 4.2, LASER eq. 2)
+    #     = rho_t delta_t + gamma (1 - done_t) rho_t (v_{t+1} - V(s_{t+1})): the bracket is 0
+    # where row t+1 is another episode or beyond the window (v_{t+1} := V(s_{t+1}) there)
+    next_target = torch.cat([value_target[..., 1:, :], next_state_value[..., -1:, :]], dim=-2)
+    pg_advantage = torch.addcmul(weighted_td, gamma * continues * rho, next_target - next_state_value)
+    return VTraceReturns(value_target, pg_advantage)
 
 
 def vtrace(
@@ -192,85 +379,14 @@ def vtrace(
     done: Tensor,
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
-    relevance: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """V-trace targets and policy-gradient advantages (IMPALA, Espeholt et al. 2018, eq. 1 and
-    Sec. 4.2), with LASER's trust-region relevance mask (Schmitt et al. 2019, eq. 7).
-
-    With ``rho_t = exp(log_rho_t) = pi(a_t|s_t) / mu(a_t|s_t)``, ``rhō_t = min(rho_bar, rho_t)``,
-    ``c_t = min(c_bar, rho_t)`` and
-    ``delta_t = r_t + gamma (1 - terminated_t) V(s_{t+1}) - V(s_t)``:
-
-    ``v_t - V(s_t) = rhō_t delta_t + gamma (1 - done_t) c_t (v_{t+1} - V(s_{t+1}))``
-
-    (IMPALA eq. 1 in recursive form; LASER Sec. 2.3), cut at ``done`` and at the window end, where
-    the last row bootstraps on ``V(s_T)`` through ``delta``. The policy-gradient advantage is
-
-    ``A_t = rhō_t (r_t + gamma (1 - terminated_t) v_{t+1} - V(s_t))``
-
-    where ``v_{t+1}`` is the target of row ``t+1`` when it is in the same episode (``done_t``
-    false) and ``V(s_{t+1}) = next_state_value[t]`` otherwise or on the last row.
-
-    **Relevance mask (LASER eq. 7).** ``relevance`` (bool, ``[*B, T, 1]``) is the paper's
-    ``lambda(s_t) = 1[beta(pi, mu, s_t) < b]`` (relevant = KL below the threshold, as
-    ``M_beta`` in LASER Sec. 4.1; the ``> b`` printed under eq. 7 contradicts it). Eq. 7 multiplies every ``c_{t+i}`` in the trace
-    product by ``lambda(s_{t+i})`` and the ``rho_{t+k} delta_{t+k}`` term by ``lambda(s_{t+k})``;
-    in the recursion above that is exactly ``rhō_t <- lambda_t rhō_t`` and ``c_t <- lambda_t c_t``.
-    For a rejected step ``j`` (``lambda_j = 0``) this means:
-
-    * ``value_target[j] = V(s_j)`` and ``pg_advantage[j] = 0`` (its ``rho delta`` term is 0), so
-      with a detached target it contributes no value or policy gradient;
-    * the bootstrap stops at ``s_j``: an earlier step ``t < j`` of the same episode sums
-      corrections only up to ``j - 1`` (its trace product holds ``lambda_j c_j = 0``), so its last
-      correction ``delta_{j-1} = r_{j-1} + gamma V(s_j) - V(s_{j-1})`` bootstraps on the rejected
-      step's own value ``V(s_j)``, and its advantage uses ``v_j = V(s_j)``;
-    * later steps ``t > j`` are unaffected (the recursion runs backwards).
-
-    **V-RACER.** ReF-ER's ``V^tbc`` (Novati & Koumoutsakos 2019, eq. 8),
-    ``V^tbc_t = V(s_t) + rhō_t [r_{t+1} + gamma V^tbc_{t+1} - V(s_t)]`` with
-    ``rhō_t = min(1, rho_t)`` (their ``r_{t+1}`` is our ``r_t``), is this function with
-    ``rho_bar = c_bar = 1``: then ``c_t = rhō_t`` and the recursion above reads
-    ``v_t = V(s_t) + rhō_t (r_t + gamma V(s_{t+1}) - V(s_t)) + gamma rhō_t (v_{t+1} - V(s_{t+1}))
-    = V(s_t) + rhō_t (r_t + gamma v_{t+1} - V(s_t))`` (tested in ``tests/test_functional.py``).
-
-    Returns:
-        ``(value_target, pg_advantage)``, both ``[*B, T, 1]``; differentiable, not detached.
+) -> VTraceReturns:
+    """Plain V-trace (IMPALA, Espeholt et al. 2018, eq. 1 and Sec. 4.2) from ``log_rho_t =
+    log pi(a_t|s_t) - log mu(a_t|s_t)``: :func:`vtrace_from_weights` on
+    :func:`truncated_importance_weights` ``(log_rho, rho_bar, c_bar)``; see :func:`vtrace_reference`
+    for the definition. LASER composes the same two with :func:`laser_relevant_weights` between them.
     """
-    _check_shapes(
-        reward=reward,
-        state_value=state_value,
-        next_state_value=next_state_value,
-        log_rho=log_rho,
-        terminated=terminated,
-        done=done,
-        **({} if relevance is None else {"relevance": relevance}),
-    )
-    # rho = exp(log_rho), computed as 2^(log_rho log2 e): same values to 1 ulp, and on CPU torch's
-    # exp opens a parallel region even for a few elements, which costs a scheduler tick (10-25 ms
-    # measured) whenever the 2 cores are shared with other processes; exp2 does not.
-    rho = torch.exp2(log_rho * _LOG2_E)
-    same_clip = rho_bar == c_bar
-    rho_clipped = rho.clamp_max(rho_bar)
-    c = rho_clipped if same_clip else rho.clamp_max(c_bar)
-    if relevance is not None:
-        # LASER eq. 7: lambda(s_t) multiplies both the rho and the c of step t.
-        keep = _as_float(relevance, reward.dtype)
-        rho_clipped = rho_clipped * keep
-        c = rho_clipped if same_clip else c * keep
-    discount = gamma * _as_float(~terminated, reward.dtype)  # gamma (1 - terminated_t)
-    continues = _as_float(~(done | terminated), reward.dtype)  # row t+1 is the same episode
-    # rho_t delta_t, delta_t = r_t + gamma (1 - terminated_t) V(s_{t+1}) - V(s_t)
-    weighted_td = rho_clipped * (torch.addcmul(reward, discount, next_state_value) - state_value)
-    # v_t - V(s_t) = rho_t delta_t + gamma (1 - done_t) c_t (v_{t+1} - V(s_{t+1}))  (IMPALA eq. 1)
-    trace_weight = gamma * continues * c
-    value_target = state_value + _affine_scan(trace_weight, weighted_td)
-    # A_t = rho_t (r_t + gamma (1 - terminated_t) v_{t+1} - V(s_t))  (IMPALA Sec. 4.2, LASER eq. 2)
-    #     = rho_t delta_t + gamma (1 - done_t) rho_t (v_{t+1} - V(s_{t+1})): the bracket is 0
-    # where row t+1 is another episode or beyond the window (v_{t+1} := V(s_{t+1}) there)
-    next_target = torch.cat([value_target[..., 1:, :], next_state_value[..., -1:, :]], dim=-2)
-    pg_weight = trace_weight if same_clip else gamma * continues * rho_clipped
-    pg_advantage = torch.addcmul(weighted_td, pg_weight, next_target - next_state_value)
-    return value_target, pg_advantage
+    weights = truncated_importance_weights(log_rho, rho_bar, c_bar)
+    return vtrace_from_weights(gamma, reward, state_value, next_state_value, weights, terminated, done)
 
 
 def implied_policy_kl(log_pi: Tensor, log_mu: Tensor, rho_bar: float = 1.0) -> Tensor:

@@ -12,7 +12,7 @@ regression and entropy bonus; no Q function) with the paper's three changes:
 * **Trust region (sec. 4, eq. 7, sec. 4.3).** For every step the behaviour relevance
   ``beta_KL = KL(pi(.|s) || pi~_mu(.|s))`` (``pi~_mu`` the V-trace implied policy, eq. 3) is compared with
   a threshold ``b``; rejected steps (``beta_KL >= b``) are left out of the policy, value and entropy
-  losses and stop the V-trace bootstraps (``relevance`` of :func:`~acer_torchrl.objectives.functional.vtrace`).
+  losses and stop the V-trace bootstraps (:func:`~acer_torchrl.objectives.functional.laser_relevant_weights`).
   ``beta_KL`` depends on the state only, never on the sampled action (sec. 4.3).
 * **Whole episodes, uniform sampling, refreshed LSTM state (sec. 5.1, App. A.2).** The shared
   :class:`~acer_torchrl.replay.EpisodeReplay` stores whole episodes, samples uniformly and recomputes the
@@ -65,7 +65,12 @@ from acer_torchrl.objectives.common import (
     sequence_mask,
     trace_cut,
 )
-from acer_torchrl.objectives.functional import implied_policy_kl, vtrace
+from acer_torchrl.objectives.functional import (
+    implied_policy_kl,
+    laser_relevant_weights,
+    truncated_importance_weights,
+    vtrace_from_weights,
+)
 from acer_torchrl.objectives.names import BEHAVIOUR
 
 
@@ -296,9 +301,11 @@ class LASERLoss(ReplayLoss):
             beta = self.behaviour_relevance({n: s.detach() for n, s in pi_stats.items()}, td.get(keys.behaviour))
             relevance = beta < self.kl_threshold if self.trust_region else None
             bootstrap_value, next_value = self._bootstrap_values(td, mask, out, cut & ~terminated)
-            value_target, advantage = vtrace(
-                self.gamma, reward, bootstrap_value, next_value, log_rho, terminated, cut,
-                rho_bar=self.rho_bar, c_bar=self.c_bar, relevance=relevance,
+            weights = truncated_importance_weights(log_rho, self.rho_bar, self.c_bar)
+            if relevance is not None:  # eq. 7: rejected steps carry no rho and cut the trace
+                weights = laser_relevant_weights(weights, relevance)
+            value_target, advantage = vtrace_from_weights(
+                self.gamma, reward, bootstrap_value, next_value, weights, terminated, cut
             )
         keep = mask if relevance is None else mask & relevance  # rejected steps leave every loss
         entropy = pi.entropy().reshape(shape)
