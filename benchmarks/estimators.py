@@ -138,10 +138,11 @@ def ours(name: str, x: dict):
             GAMMA, x["reward"], x["state_action_value"], x["next_state_value"], x["trace"],
             x["terminated"], x["done"],
         )
-    return F.vtrace(
-        GAMMA, x["reward"], x["state_value"], x["next_state_value"], x["log_rho"],
-        x["terminated"], x["done"],
-        relevance=x["relevance"] if name == "vtrace+relevance" else None,
+    weights = F.truncated_importance_weights(x["log_rho"])
+    if name == "vtrace+relevance":  # as LASER's loss composes it
+        weights = F.laser_relevant_weights(weights, x["relevance"])
+    return F.vtrace_from_weights(
+        GAMMA, x["reward"], x["state_value"], x["next_state_value"], weights, x["terminated"], x["done"],
     )
 
 
