@@ -303,8 +303,9 @@ def test_vtrace_reference_matches_impala_and_laser_sums(T, rho_bar, c_bar, maske
 @pytest.mark.parametrize("T", [SHORT_T, LONG_T])
 @pytest.mark.parametrize("rho_bar,c_bar", [(1.0, 1.0), (2.0, 1.0), (1.5, 0.8)])
 @pytest.mark.parametrize("masked", [False, True])
-def test_vtrace_equals_its_reference(T, rho_bar, c_bar, masked):
-    w = make_window(T=T, seed=T + int(10 * c_bar))
+@pytest.mark.parametrize("batch", [BATCH, ()])
+def test_vtrace_equals_its_reference(T, rho_bar, c_bar, masked, batch):
+    w = make_window(batch=batch, T=T, seed=T + int(10 * c_bar))
     relevance = w["relevance"] if masked else None
     expected = call_vtrace(w, rho_bar, c_bar, relevance, estimator=vtrace_reference)
     out = call_vtrace(w, rho_bar, c_bar, relevance)
@@ -564,12 +565,9 @@ def test_refer_beta_update_eq12():
 # --------------------------------------------------------------------------- affine suffix tree (V-RACER's eq. 8)
 
 
-def backward_loop(a, b):
-    """x_i = a_i x_{i+1} + b_i, x_n = 0, one step at a time."""
-    x = [0.0] * (len(a) + 1)
-    for i in reversed(range(len(a))):
-        x[i] = a[i] * x[i + 1] + b[i]
-    return torch.tensor(x, dtype=torch.float64)
+def suffix_reference(a, b):
+    """x_0, ..., x_n of x_i = a_i x_{i+1} + b_i (a, b: [n]), x_n = 0."""
+    return torch.cat([affine_reference(a.unsqueeze(-1), b.unsqueeze(-1)).flatten(), b.new_zeros(1)])
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 9, 300])
@@ -579,18 +577,18 @@ def test_affine_suffix_tree_matches_the_backward_loop_after_point_and_range_upda
     b = torch.randn(n, generator=g, dtype=torch.float64)
     tree = AffineSuffixTree(a, b)
     everywhere = torch.arange(n + 1)
-    torch.testing.assert_close(tree.suffix(everywhere), backward_loop(a.tolist(), b.tolist()), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(tree.suffix(everywhere), suffix_reference(a, b), rtol=1e-12, atol=1e-12)
     for _ in range(3):
         where = torch.randint(0, n, (4,), generator=g)
         where = torch.cat([where, where[:1]])  # a position given twice, with the same map
         a[where] = 0.99 * torch.rand(5, generator=g, dtype=torch.float64)[torch.arange(5) % 4]
         b[where] = torch.randn(5, generator=g, dtype=torch.float64)[torch.arange(5) % 4]
         tree.set(where, a[where], b[where])
-        torch.testing.assert_close(tree.suffix(everywhere), backward_loop(a.tolist(), b.tolist()), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(tree.suffix(everywhere), suffix_reference(a, b), rtol=1e-12, atol=1e-12)
     # maps added after the n given (the room a larger tree leaves), and a run of them replaced
     tree = AffineSuffixTree(a[: n // 2], b[: n // 2], size=4 * tree.size)
     tree.set_range(n // 2, a[n // 2 :], b[n // 2 :])
     a[n // 3 :] = 0.99 * torch.rand(n - n // 3, generator=g, dtype=torch.float64)
     b[n // 3 :] = torch.randn(n - n // 3, generator=g, dtype=torch.float64)
     tree.set_range(n // 3, a[n // 3 :], b[n // 3 :])
-    torch.testing.assert_close(tree.suffix(everywhere), backward_loop(a.tolist(), b.tolist()), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(tree.suffix(everywhere), suffix_reference(a, b), rtol=1e-12, atol=1e-12)
