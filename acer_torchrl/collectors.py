@@ -164,7 +164,8 @@ class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
         try:
             yield from super().iterator()
         except Exception:
-            dead = [died(f"collector worker {i}", p.pid, p.exitcode) for i, p in enumerate(self.procs) if p.exitcode is not None]
+            dead = [died(f"collector worker {i}", p.pid, code) for i, p in enumerate(self.procs)
+                    if (code := _exit_code(p)) is not None]
             if not dead:
                 raise
             raise HelperDied(", ".join(dead)) from None
@@ -182,6 +183,14 @@ class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
                         process.kill()
                         process.join()
                 raise
+
+
+def _exit_code(process: multiprocessing.process.BaseProcess) -> int | None:
+    """A worker's exit code; None while it runs, and once closed (TorchRL closes only workers it stopped itself)."""
+    try:
+        return process.exitcode
+    except ValueError:  # "process object is closed"
+        return None
 
 
 class InProcessCollector(_ClosingCollector, Collector):
