@@ -24,7 +24,7 @@ from acer_torchrl.config import ConfigError
 from acer_torchrl.metrics import MetricsLog, save_learning_curve, write_summary
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.rundir import lock_run_dir
-from process_group import captured, signal_group, wait_for
+from process_group import captured, signal_group, spawned_children, wait_for
 
 RECIPE = str(Path(__file__).parents[1] / "recipes" / "acer.py")
 QUIET = ["preset=cartpole", "log.progress=false", "eval.episodes=2"]
@@ -320,12 +320,6 @@ def test_a_half_written_summary_of_a_finished_run_is_rebuilt_from_its_checkpoint
 
 TINY = ["network.hidden=16", "collector.frames_per_batch=32", "replay.min_size=64", "replay.batch_size=4",
         "eval.max_steps=50"]
-
-
-def spawned_children(pid: int) -> list[int]:
-    """The processes that ``pid`` started with ``multiprocessing``'s spawn (its helpers; not its resource tracker)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
 @pytest.mark.integration
