@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from acer_torchrl.checkpoint import CheckpointError
 from acer_torchrl.config import ConfigError, load_config
-from acer_torchrl.processes import Interrupted, StopSignals
+from acer_torchrl.processes import HelperDied, Interrupted, StopSignals
 
 USER_ERRORS = (ConfigError, CheckpointError)
 
@@ -46,17 +46,18 @@ def help_text(recipe: str) -> str:
 
 def main(recipe: str, argv: list[str] | None = None) -> int:
     """Run a recipe from the command line; user errors end with one line on stderr and exit code 2, SIGINT /
-    SIGTERM (at any moment, from here on) with one line and exit code 130 / 143."""
+    SIGTERM (at any moment, from here on) with one line and exit code 130 / 143, a collector worker's death with one
+    line and exit code 3 (:class:`~acer_torchrl.processes.HelperDied`)."""
     return with_stop_signals(lambda stops: run_from_command_line(recipe, sys.argv[1:] if argv is None else argv, stops))
 
 
 def with_stop_signals(command: Callable[[StopSignals], int]) -> int:
     """``command``'s exit code, SIGINT / SIGTERM handled from here on by the :class:`StopSignals` it is given: a
-    stop ends with its one line on stderr and exit code 130 / 143."""
+    stop ends with its one line on stderr and exit code 130 / 143, as a helper's death does with exit code 3."""
     stops = StopSignals().install()
     try:
         return command(stops)
-    except Interrupted as stop:
+    except (Interrupted, HelperDied) as stop:
         print(stop, file=sys.stderr)
         return stop.exit_code
     except Exception as err:  # a signal inside a C extension's import comes back as "ImportError: initialization failed"

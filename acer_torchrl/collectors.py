@@ -10,7 +10,9 @@ single-process ``Collector`` (``num_workers == 0``, for debugging) with the same
 - ``update_policy_weights_()`` makes every worker act with the current parameters of the policy it was given
   (shared memory, see :class:`SharedWeightsScheme`: the workers act with that policy's own CPU tensors, and the
   call writes nothing when they were trained in place);
-- ``shutdown()`` (also ``close()``, or leaving a ``with`` block) stops the workers.
+- ``shutdown()`` (also ``close()``, or leaving a ``with`` block) stops the workers;
+- a worker that dies (killed, crashed) ends the iteration with :class:`~acer_torchrl.processes.HelperDied` naming
+  it, within a second while the learner waits for a batch, else at its next batch.
 
 :func:`make_remote_collector` gives the same interface over collector processes on other nodes of a
 multi-node SLURM job (TorchRL's ``DistributedCollector`` over ``torch.distributed``, see
@@ -36,7 +38,7 @@ import multiprocessing.util  # noqa: F401  (registers its exit handler now: ours
 import os
 import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +58,7 @@ from acer_torchrl._torchrl_compat import (
     stop_weight_receivers,
     weight_sync_schemes,
 )
-from acer_torchrl.processes import ignore_learner_signals, learner_signals_held
+from acer_torchrl.processes import HelperDied, died, ignore_learner_signals, learner_signals_held
 
 WORKER_SEED_STRIDE = 1_000  # worker i's seeds start at seed + WORKER_SEED_STRIDE * i
 REMOTE_TRAJ_STRIDE = 2**40  # remote rank r numbers its trajectories from r * REMOTE_TRAJ_STRIDE
@@ -152,6 +154,22 @@ class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
     def _queue_len(self) -> int:  # a private TorchRL hook: acer_torchrl/_torchrl_compat.py, use 3
         return self.num_workers
 
+    def iterator(self) -> Iterator[TensorDictBase]:
+        """TorchRL's batches; a worker that died ends them with :class:`~acer_torchrl.processes.HelperDied`.
+
+        TorchRL looks at its workers after every batch and every second without one; finding one dead, it sends
+        the others SIGTERM (which they leave to the learner: ``processes.py``) and fails closing them while they
+        run (``ValueError: Cannot close a process while it is still running``). That error, or any other while a
+        worker is dead, is the death; the workers still alive are the learner's to shut down."""
+        try:
+            yield from super().iterator()
+        except Exception:
+            dead = [died(f"collector worker {i}", p.pid, code) for i, p in enumerate(self.procs)
+                    if (code := _exit_code(p)) is not None]
+            if not dead:
+                raise
+            raise HelperDied(", ".join(dead)) from None
+
     def _run_processes(self) -> None:
         """TorchRL's start of the workers, each with the learner's signals held (``processes.py``). A stop
         signal or Ctrl-C that interrupts it kills the workers started so far: TorchRL shuts them down only on an
@@ -165,6 +183,14 @@ class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
                         process.kill()
                         process.join()
                 raise
+
+
+def _exit_code(process: multiprocessing.process.BaseProcess) -> int | None:
+    """A worker's exit code; None while it runs, and once closed (TorchRL closes only workers it stopped itself)."""
+    try:
+        return process.exitcode
+    except ValueError:  # "process object is closed"
+        return None
 
 
 class InProcessCollector(_ClosingCollector, Collector):

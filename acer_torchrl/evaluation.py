@@ -25,8 +25,10 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import sys
 import traceback
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -34,8 +36,9 @@ import numpy as np
 import torch
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
+from tqdm import tqdm
 
-from acer_torchrl.processes import ignore_learner_signals, learner_signals_held
+from acer_torchrl.processes import HelperDied, died, ignore_learner_signals, learner_signals_held
 from acer_torchrl.settings.env import EnvConfig
 
 Result = tuple[Any, float, float]  # (the caller's tag, mean return, std of the returns)
@@ -101,6 +104,7 @@ class InlineEvaluator:
         self.env.close()
 
 
+MAX_DEATHS_IN_A_ROW = 3  # a background evaluation process dead this often, none finished between, is given up
 _FAILED = "evaluation failed"  # a reply's tag when the process raised (tags are the trainer's env steps)
 _OPEN: weakref.WeakSet = weakref.WeakSet()
 atexit.register(lambda: [e.close() for e in list(_OPEN)])
@@ -132,26 +136,42 @@ def _serve(policy, make_env: Callable[[], EnvBase], max_steps: int, requests, re
 
 
 class BackgroundEvaluator:
-    """Evaluations in a process of their own, on the weights the acting policy had when they were asked for."""
+    """Evaluations in a process of their own, on the weights the acting policy had when they were asked for.
+
+    A process that dies (the OOM killer's SIGKILL, a crash) is noticed at the learner's next look for results
+    (after every batch, and every second while it waits for one) and started again, on new queues (the dead one may
+    have held a queue's lock), with every evaluation it had not finished asked again: one line on stderr, the same
+    results (an evaluation depends on its weights and seed only). One that dies :data:`MAX_DEATHS_IN_A_ROW` times
+    without finishing an evaluation in between is given up (:class:`~acer_torchrl.processes.HelperDied`: the learner
+    saves and stops); :meth:`drain` then plays what is left on the learner, so that the checkpoint's ``metrics.csv``
+    holds every evaluation up to its step."""
 
     blocking = False
 
     def __init__(self, policy, make_env: Callable[[], EnvBase], max_steps: int):
+        self.policy, self.make_env, self.max_steps = policy, make_env, max_steps
+        self._unfinished: deque = deque()  # the requests asked and not answered yet: (tag, seed, weights)
+        self._deaths_in_a_row = 0  # process deaths since the last evaluation it finished
+        self._given_up = False
+        self._start()
+        _OPEN.add(self)
+
+    def _start(self) -> None:
+        """Start the process, on new queues, and ask it for every unfinished evaluation."""
         ctx = mp.get_context("spawn")
-        self.policy = policy
         self._requests, self._replies = ctx.Queue(), ctx.Queue()
-        self._pending = 0
         self._process = ctx.Process(
             target=_serve,
             # a copy: pickled to the process, a policy's parameters move into shared memory, so the process's
             # load_state_dict would write into the learner's live parameters (and they would change under its games)
-            args=(copy.deepcopy(policy), make_env, max_steps, self._requests, self._replies, os.getpid()),
+            args=(copy.deepcopy(self.policy), self.make_env, self.max_steps, self._requests, self._replies, os.getpid()),
             daemon=True,
             name="acer-torchrl-evaluator",
         )
         with learner_signals_held():  # held from the start: a Ctrl-C during its imports must not reach it
             self._process.start()
-        _OPEN.add(self)
+        for request in self._unfinished:
+            self._requests.put(request)
 
     def submit(self, tag: Any, seed: int) -> None:
         """Ask for the evaluation of the policy's current weights (a copy, taken now) from ``seed``; its result,
@@ -159,36 +179,63 @@ class BackgroundEvaluator:
         # by value, as bytes: tensors put on a queue as they are reach the process through file descriptors that a
         # thread of this process serves, and one the process is killed while reading (a stopping learner's close)
         # printed a traceback on the learner's stderr
-        weights = pickle.dumps(self.policy.state_dict())
-        self._requests.put((tag, seed, weights))
-        self._pending += 1
+        request = (tag, seed, pickle.dumps(self.policy.state_dict()))
+        self._unfinished.append(request)
+        self._requests.put(request)
 
     def _reply(self, block: bool) -> Result | None:
-        """The next finished evaluation; None when ``block`` is false and none has finished."""
+        """The next finished evaluation; None when ``block`` is false and none has finished. A dead process is
+        restarted here (:meth:`_restart`)."""
         while True:
+            if self._given_up:
+                return self._play_here() if block and self._unfinished else None
             try:
                 reply = self._replies.get(timeout=1.0) if block else self._replies.get_nowait()
             except queue.Empty:
-                if not block:
-                    return None
                 if not self._process.is_alive():
-                    raise RuntimeError(f"the evaluation process died (exit code {self._process.exitcode})") from None
+                    self._restart()
+                elif not block:
+                    return None
                 continue
             if reply[0] == _FAILED:
                 raise RuntimeError(f"the evaluation process failed:\n{reply[1]}")
-            self._pending -= 1
+            self._unfinished.popleft()
+            self._deaths_in_a_row = 0
             return reply
+
+    def _restart(self) -> None:
+        """The process died: start it again (one line on stderr), or give it up with
+        :class:`~acer_torchrl.processes.HelperDied` after :data:`MAX_DEATHS_IN_A_ROW` deaths in a row."""
+        death = died("the evaluation process", self._process.pid, self._process.exitcode)
+        self._close_queues()
+        self._deaths_in_a_row += 1
+        if self._deaths_in_a_row >= MAX_DEATHS_IN_A_ROW:
+            self._given_up = True
+            raise HelperDied(f"{death}, {self._deaths_in_a_row} times in a row without finishing an evaluation")
+        tqdm.write(f"{death}; restarted, {len(self._unfinished)} unfinished evaluation(s) asked again", file=sys.stderr)
+        self._start()
+
+    def _play_here(self) -> Result:
+        """The oldest unfinished evaluation, played in this process (a given-up process's)."""
+        tag, seed, weights = self._unfinished.popleft()
+        policy = copy.deepcopy(self.policy)
+        policy.load_state_dict(pickle.loads(weights))
+        env = self.make_env()
+        try:
+            return (tag, *evaluate(policy, env, self.max_steps, seed))
+        finally:
+            env.close()
 
     def results(self) -> list[Result]:
         """The evaluations finished so far, in the order they were asked for (does not wait)."""
         done = []
-        while self._pending and (reply := self._reply(block=False)) is not None:
+        while (reply := self._reply(block=False)) is not None:
             done.append(reply)
         return done
 
     def drain(self) -> list[Result]:
         """Every evaluation asked for, waiting for those still being played."""
-        return [self._reply(block=True) for _ in range(self._pending)]
+        return [self._reply(block=True) for _ in range(len(self._unfinished))]
 
     def close(self, wait_s: float = 10.0) -> None:
         """Stop the process: asked to end, killed after ``wait_s`` (a stopping learner gives it little: one
@@ -200,6 +247,9 @@ class BackgroundEvaluator:
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
+        self._close_queues()
+
+    def _close_queues(self) -> None:
         for q in (self._requests, self._replies):
             q.close()
             q.cancel_join_thread()

@@ -11,6 +11,10 @@ ends them, and a helper whose learner is gone exits on its own (its pipe closes)
 The learner itself, on the recipe command line, handles SIGINT / SIGTERM from its first instruction to its
 last with :class:`StopSignals`: one stop, one line, exit code 130 / 143 (:class:`Interrupted`). :class:`RunGuard`
 drives a run through its step API so that such a stop, or submitit's requeue, never cuts a batch short.
+
+A helper that dies (the OOM killer's SIGKILL, a crash) is noticed by the learner within seconds: a collector worker
+ends the run as a stop does, saved, with one line naming the worker and exit code 3 (:class:`HelperDied`); the
+evaluation process holds no state and is restarted (``evaluation.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,28 @@ class Interrupted(BaseException):
         super().__init__(message or "interrupted during start-up: nothing to save yet")
         self.signum = signum
         self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+HELPER_DIED_EXIT_CODE = 3
+
+
+def died(name: str, pid: int | None, exitcode: int | None) -> str:
+    """``name (pid N) died (killed by SIGKILL)``: a dead helper in words, from ``multiprocessing``'s exit code
+    (minus the signal that killed it)."""
+    how = f"killed by {signal.Signals(-exitcode).name}" if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
+    return f"{name} (pid {pid}) died ({how})"
+
+
+class HelperDied(BaseException):
+    """A helper process the run cannot go on without died (:func:`died` says which and how). The learner saves what
+    it has (:class:`RunGuard`) and stops with one line and exit code :data:`HELPER_DIED_EXIT_CODE`; a
+    ``BaseException``, as :class:`Interrupted` is."""
+
+    exit_code = HELPER_DIED_EXIT_CODE
+
+    def __init__(self, what: str, where: str | None = None):
+        super().__init__(f"{what}; stopped {where}" if where else f"{what}; nothing to save yet")
+        self.what = what
 
 
 class StopSignals:
@@ -126,7 +152,8 @@ class RunGuard:
     def train_in_turn(self, runs: Sequence[SteppedRun]) -> list[dict]:
         """Several runs in one process, a batch each in turn until each is done (the agents of a shared-replay
         sweep), or one (:meth:`train`); returns their summaries. A stop ends every run after the batch in hand,
-        each saved by its ``stop_early()``; a held requeue checkpoints every run first."""
+        each saved by its ``stop_early()``, as does a helper's death (:class:`HelperDied`, raised by a run's
+        collector); a held requeue checkpoints every run first."""
         try:
             with self.holding_requeue():
                 batches = [run.start() for run in runs]
@@ -146,11 +173,19 @@ class RunGuard:
             with self.deferring_stops():
                 return [run.finish() for run in runs]
         except Interrupted as stop:
-            wheres = [where for where in (run.stop_early() for run in runs) if where]
-            raise Interrupted(stop.signum, f"interrupted {'; '.join(wheres)}" if wheres else None) from None
+            where = self.stop_early(runs)
+            raise Interrupted(stop.signum, f"interrupted {where}" if where else None) from None
+        except HelperDied as death:
+            raise HelperDied(death.what, self.stop_early(runs)) from None
         finally:
             for run in runs:
                 run.close()
+
+    @staticmethod
+    def stop_early(runs: Sequence[SteppedRun]) -> str | None:
+        """Every run's ``stop_early()``: where they stopped and how to continue, None when none had anything to save."""
+        wheres = [where for where in (run.stop_early() for run in runs) if where]
+        return "; ".join(wheres) if wheres else None
 
     def deferring_stops(self) -> contextlib.AbstractContextManager:
         """A block a stop signal waits for (:meth:`StopSignals.deferred`); a no-op without ``stop_signals``."""

@@ -1,5 +1,5 @@
 """A run started in a session (process group) of its own, as a terminal or SLURM runs it: waiting on it and
-signalling its whole group (the run and its collector workers)."""
+signalling its whole group (the run and its collector workers), finding its helper processes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Callable
 
 
@@ -34,3 +35,9 @@ def signal_group(proc: subprocess.Popen, sig: int) -> tuple[int, str, float]:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
     return proc.returncode, output, time.monotonic() - sent
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The processes that ``pid`` started with ``multiprocessing``'s spawn (its helpers; not its resource tracker)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]

@@ -3,6 +3,7 @@ reading of its definition, and the trainer's evaluation schedule that fills its 
 
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -12,7 +13,9 @@ from tensordict.nn import TensorDictModule
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import make_env
 from acer_torchrl.metrics import final_score, final_window_steps
-from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluate, evaluation_env_config
+from acer_torchrl.evaluation import (MAX_DEATHS_IN_A_ROW, BackgroundEvaluator, InlineEvaluator, evaluate,
+                                    evaluation_env_config)
+from acer_torchrl.processes import HelperDied
 
 
 def plain_final_score(curve, env_steps):
@@ -177,6 +180,50 @@ def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked
         # its games below the learner's and the workers' priority (they take no core from an update)
         learner = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, background._process.pid) == min(learner + 10, 19)
+    finally:
+        inline.close()
+        background.close()
+
+
+@pytest.mark.integration
+def test_a_killed_evaluation_process_plays_its_unfinished_evaluations_again_until_it_is_given_up(capsys):
+    """SIGKILL to the evaluation process (the OOM killer's): the learner's next look starts it again and asks it for
+    the evaluations it had not finished, which come back as they would have; killed MAX_DEATHS_IN_A_ROW times with
+    none finished between, it is given up (HelperDied: the learner saves and stops) and what is left is played on
+    the learner, the same games."""
+    from acer_torchrl.envs import make_env_fn
+
+    cfg = load_config("acer", ["preset=cartpole"])
+    env_fn = make_env_fn(evaluation_env_config(cfg.env, games=2))
+    policy = TensorDictModule(Lean(), in_keys=["observation"], out_keys=["action"])
+    inline, background = InlineEvaluator(policy, env_fn, 100), BackgroundEvaluator(policy, env_fn, 100)
+
+    def kill() -> int:
+        pid = background._process.pid
+        os.kill(pid, signal.SIGKILL)
+        background._process.join()
+        return pid
+
+    try:
+        for step in range(2):
+            inline.submit(step, seed=7)
+            background.submit(step, seed=7)
+        pid = kill()
+        assert background.results() == []
+        restarted = f"the evaluation process (pid {pid}) died (killed by SIGKILL); restarted, 2 unfinished evaluation(s) asked again"
+        assert capsys.readouterr().err.strip() == restarted
+        assert background.drain() == inline.results()
+        inline.submit(2, seed=8)
+        background.submit(2, seed=8)
+        for _ in range(MAX_DEATHS_IN_A_ROW - 1):
+            kill()
+            assert background.results() == []
+        pid = kill()
+        with pytest.raises(HelperDied, match=rf"^the evaluation process \(pid {pid}\) died \(killed by SIGKILL\), "
+                                             rf"{MAX_DEATHS_IN_A_ROW} times in a row without finishing an evaluation; "
+                                             "nothing to save yet$"):
+            background.results()
+        assert background.drain() == inline.results()
     finally:
         inline.close()
         background.close()

@@ -514,3 +514,23 @@ def test_resuming_a_finished_run_changes_nothing_and_says_how_to_go_on(tmp_path,
     assert out[-1] == (f"{tmp_path} already finished at 64 env steps (total_frames=64); nothing was changed. To train it "
                        f"further: python recipes/probe.py resume={tmp_path} total_frames=<more than 64>")
     assert {p: p.stat().st_mtime_ns for p in files} == files
+
+
+def test_a_dead_helper_ends_the_runs_saved_with_one_line_naming_it(capsys):
+    """A dead collector worker (``HelperDied`` from the run's batches, as ``collectors.py`` raises it): every run is
+    saved by its ``stop_early``, and the command line ends with one line (what died, where each run stopped, how to
+    continue) and exit code 3."""
+    from acer_torchrl.cli import with_stop_signals
+    from acer_torchrl.processes import HelperDied, RunGuard, died
+
+    class DyingRun(_SignalledRun):
+        def start(self):
+            yield 0
+            raise HelperDied(died("collector worker 1", 4242, -signal.SIGKILL))
+
+    log = []
+    runs = [_SignalledRun(None, 4, "a", log), DyingRun(None, 4, "b", log)]
+    assert with_stop_signals(lambda _stops: RunGuard().train_in_turn(runs)) == 3
+    assert log == ["a: step 0", "b: step 0", "a: step 1", "a: stop_early", "b: stop_early", "a: close", "b: close"]
+    assert capsys.readouterr().err == ("collector worker 1 (pid 4242) died (killed by SIGKILL); stopped a; continue "
+                                       "with: resume; b; continue with: resume\n")

@@ -1,10 +1,13 @@
 """What a run survives: a signal to its whole process group at any moment, a second run into its directory, a
-full disk. Process-level checks start a real recipe in a session of its own, as a terminal or SLURM runs it."""
+full disk, a helper process killed. Process-level checks start a real recipe in a session of its own, as a terminal or
+SLURM runs it."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,7 +24,7 @@ from acer_torchrl.config import ConfigError
 from acer_torchrl.metrics import MetricsLog, save_learning_curve, write_summary
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.rundir import lock_run_dir
-from process_group import signal_group, wait_for
+from process_group import captured, signal_group, spawned_children, wait_for
 
 RECIPE = str(Path(__file__).parents[1] / "recipes" / "acer.py")
 QUIET = ["preset=cartpole", "log.progress=false", "eval.episodes=2"]
@@ -313,3 +316,52 @@ def test_a_half_written_summary_of_a_finished_run_is_rebuilt_from_its_checkpoint
     for key in ("env_steps", "updates", "episodes", "eval_return_mean", "final_score_evaluations", "eval_return_last"):
         assert summary[key] == before[key], key
     assert json.loads((run_dir / "summary.json").read_text()) == summary and "already_finished" not in summary
+
+
+TINY = ["network.hidden=16", "collector.frames_per_batch=32", "replay.min_size=64", "replay.batch_size=4",
+        "eval.max_steps=50"]
+
+
+@pytest.mark.integration
+def test_a_collector_worker_killed_by_sigkill_saves_the_run_and_names_it_in_one_line(tmp_path):
+    """The OOM killer's SIGKILL to a collector worker: the learner notices, saves the steps it took since its
+    periodic checkpoint, names the worker (pid, signal) and the resume command in one line, exit code 3; that
+    command continues the run from the saved step."""
+    run_dir = tmp_path / "run"
+    proc = start_recipe(run_dir, "total_frames=100000", "collector.workers=2", "log.checkpoint_interval=64",
+                        "eval.background=false", "eval.interval=100000", *TINY)
+    wait_for((run_dir / "checkpoint" / "counters.json").exists, proc, 120)  # learning, a periodic checkpoint taken
+    periodic = json.loads((run_dir / "checkpoint" / "counters.json").read_text())["env_steps"]
+    worker = spawned_children(proc.pid)[0]  # no evaluation process (eval.background=false): the workers alone
+    os.kill(worker, signal.SIGKILL)
+    output = captured(proc, timeout=60)
+    saved = json.loads((run_dir / "checkpoint" / "counters.json").read_text())
+    line = re.fullmatch(rf"collector worker [01] \(pid {worker}\) died \(killed by SIGKILL\); stopped at (\d+) env "
+                        rf"steps; continue with: (python recipes/acer\.py resume={run_dir})", output.strip())
+    assert proc.returncode == 3 and line, output
+    assert int(line[1]) == saved["env_steps"] >= periodic and saved["restarts"] == 0
+    resume = line[2].replace("python", sys.executable, 1).split() + [f"total_frames={saved['env_steps'] + 32}"]
+    resumed = subprocess.run(resume, cwd=Path(RECIPE).parents[1], capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["env_steps"], summary["restarts"]) == (saved["env_steps"] + 32, 1)
+
+
+@pytest.mark.integration
+def test_a_killed_evaluation_process_is_restarted_and_the_run_goes_on(tmp_path):
+    """The evaluation process killed (it holds no state): started again, one line says so, the run ends normally and
+    ``metrics.csv`` has every evaluation. Killed as soon as it exists, so that the run has evaluations still to ask
+    for on any machine (``tests/test_metrics.py`` kills one with evaluations in hand)."""
+    run_dir = tmp_path / "run"
+    proc = start_recipe(run_dir, "total_frames=192", "collector.workers=0", "eval.interval=64", "eval.episodes=1",
+                        *TINY)
+    wait_for(lambda: bool(spawned_children(proc.pid)), proc, 120)
+    [evaluator] = spawned_children(proc.pid)  # no collector worker (collector.workers=0): the evaluation process
+    os.kill(evaluator, signal.SIGKILL)
+    output = captured(proc, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in output, output
+    assert re.search(rf"^the evaluation process \(pid {evaluator}\) died \(killed by SIGKILL\); restarted, \d+ "
+                     r"unfinished evaluation\(s\) asked again$", output, re.MULTILINE), output
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    assert [int(r["env_steps"]) for r in rows] == [64, 128, 192]
+    assert all(r["eval_return_mean"] for r in rows)

@@ -38,7 +38,7 @@ from acer_torchrl.shared_replay import (
     run,
     serve,
 )
-from process_group import signal_group, wait_for
+from process_group import captured, signal_group, spawned_children, wait_for
 
 OBS = 3
 HIDDEN = 5
@@ -359,3 +359,29 @@ def test_ctrl_c_on_a_sweep_says_what_each_agent_saved_and_how_to_resume(tmp_path
     )
     result = run(["agents=2", f"resume={tmp_path}", f"total_frames={max(steps) + 64}"])
     assert [a["env_steps"] for a in result["agents"]] == [max(steps) + 64] * 2
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_killed_collector_worker_stops_a_local_sweep_with_the_sweeps_resume_command(tmp_path):
+    """SIGKILL to one agent's collector worker in a local sweep: every agent saved, one line naming the worker and
+    the sweep's resume command (not an agent's), exit code 3."""
+    from acer_torchrl.checkpoint import latest_checkpoint
+
+    root = Path(__file__).resolve().parents[1]
+    args = [sys.executable, str(root / "recipes" / "laser_sweep.py"), "agents=2", f"run_dir={tmp_path}", *SMOKE,
+            "total_frames=100000", "collector.workers=1", "eval.background=false", "log.checkpoint_interval=64"]
+    proc = subprocess.Popen(args, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=os.environ)
+    counters = [tmp_path / f"agent{i}" / "checkpoint" / "counters.json" for i in (0, 1)]
+    wait_for(lambda: all(c.exists() for c in counters), proc, 120)
+    worker = spawned_children(proc.pid)[-1]  # the agents' workers (no evaluation process: eval.background=false)
+    os.kill(worker, signal.SIGKILL)
+    stderr = captured(proc, timeout=60)
+    steps = [json.loads((latest_checkpoint(tmp_path / f"agent{i}") / "counters.json").read_text())["env_steps"]
+             for i in (0, 1)]
+    assert proc.returncode == 3 and "Traceback" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"collector worker 0 (pid {worker}) died (killed by SIGKILL); stopped at {steps[0]}, {steps[1]} env steps "
+        f"(agent by agent); continue with: python recipes/laser_sweep.py resume={tmp_path}"
+    )

@@ -28,7 +28,7 @@ from acer_torchrl.config import (
 )
 from acer_torchrl.envs import stacked_frames
 from acer_torchrl.metrics import finish_plot, new_plot
-from acer_torchrl.processes import Interrupted, RunGuard, StopSignals
+from acer_torchrl.processes import HelperDied, Interrupted, RunGuard, StopSignals
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.rundir import default_run_dir, make_writable_dir
 from acer_torchrl.shared_replay.server import AgentReplay, RemoteReplay, SharedReplay, serve
@@ -179,7 +179,8 @@ def _shared_storage(cfg: Config, sweep_dir: Path, n_agents: int) -> SharedReplay
 def run_sweep(sweep: SweepConfig, overrides: list[str], stop_signals: StopSignals | None = None) -> dict:
     """All agents in this process with one shared replay; one collected batch per agent per round. With
     ``stop_signals`` (installed), SIGINT / SIGTERM end the sweep after the batch in hand, every agent saved, and
-    raise :class:`~acer_torchrl.processes.Interrupted` saying how to resume the sweep."""
+    raise :class:`~acer_torchrl.processes.Interrupted` saying how to resume the sweep; so does an agent's collector
+    worker that dies, with :class:`~acer_torchrl.processes.HelperDied`."""
     sweep_dir, cfgs = agent_configs(sweep, overrides)
     make_writable_dir(sweep_dir, "run_dir")
     shared = _shared_storage(cfgs[0], sweep_dir, len(cfgs))
@@ -190,20 +191,22 @@ def run_sweep(sweep: SweepConfig, overrides: list[str], stop_signals: StopSignal
         summaries = RunGuard(stop_signals).train_in_turn(trainers)
     except Interrupted as stop:
         raise Interrupted(stop.signum, stop_line(sweep, sweep_dir)) from None
+    except HelperDied as death:
+        raise HelperDied(death.what, stop_line(sweep, sweep_dir, stopped="")) from None
     return write_sweep_results(
         sweep, sweep_dir, cfgs, summaries, [t.log.rows for t in trainers],
         [t.replay.sampled.tolist() for t in trainers], shared.agent_counts(),
     )
 
 
-def stop_line(sweep: SweepConfig, sweep_dir: Path) -> str:
-    """What a stopped sweep says: the env steps of each agent's latest checkpoint and the resume command, or that
-    an agent has none, so the sweep cannot resume (:func:`sweep_resume_argv`)."""
+def stop_line(sweep: SweepConfig, sweep_dir: Path, stopped: str = "interrupted ") -> str:
+    """What a stopped sweep says (after ``stopped``): the env steps of each agent's latest checkpoint and the resume
+    command, or that an agent has none, so the sweep cannot resume (:func:`sweep_resume_argv`)."""
     saved = agent_checkpoints(sweep, sweep_dir)
     if saved is None:
-        return "interrupted before every agent had a checkpoint: nothing to resume"
+        return f"{stopped}before every agent had a checkpoint: nothing to resume"
     steps = [json.loads((checkpoint / "counters.json").read_text())["env_steps"] for checkpoint in saved]
-    return (f"interrupted at {', '.join(map(str, steps))} env steps (agent by agent); continue with: "
+    return (f"{stopped}at {', '.join(map(str, steps))} env steps (agent by agent); continue with: "
             f"python recipes/laser_sweep.py resume={sweep_dir}")
 
 
