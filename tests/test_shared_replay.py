@@ -40,7 +40,6 @@ from acer_torchrl.shared_replay import (
     run,
     serve,
 )
-from acer_torchrl.shared_replay.sweep import FIXED_ON_RESUME, record_sweep_start, rendezvous_port, sweep_key
 from process_group import signal_group, wait_for
 
 OBS = 3
@@ -206,6 +205,8 @@ def test_resumed_sweep_keeps_every_agents_own_settings(tmp_path):
 def started_sweep(sweep_dir: Path, argv: list[str]) -> list:
     """A sweep of ``argv`` as it starts in ``sweep_dir`` (each agent's config.yaml and the sweep's sweep.json, no
     training): its agents' configs."""
+    from acer_torchrl.shared_replay.sweep import record_sweep_start
+
     sweep, overrides = parse_sweep_args([*argv, f"run_dir={sweep_dir}"])
     _, cfgs = agent_configs(sweep, overrides)
     for cfg in cfgs:
@@ -220,6 +221,7 @@ def test_every_sweep_key_on_resume_is_refused_or_reaches_the_live_agents(tmp_pat
     are refused in one line when changed; the others reach the sweep that runs (the drivers, stubbed here, get them,
     and the agents they would train keep their own settings). Nothing given: the saved keys, agents=2 included."""
     import acer_torchrl.shared_replay.sweep as sr
+    from acer_torchrl.shared_replay.sweep import FIXED_ON_RESUME, sweep_key
 
     started = started_sweep(tmp_path, ["agents=2", "sweep.lr_factors=1,2", "preset=cartpole"])
     own = [(c.optim.lr, c.algo.entropy_coeff, c.seed) for c in started]
@@ -263,6 +265,8 @@ def test_a_sweep_agent_resumed_alone_is_sent_to_its_sweep(tmp_path, capsys):
 def test_a_held_port_is_named_in_one_line_and_a_free_pair_is_found_otherwise(tmp_path):
     """Two ``mode=processes`` sweeps on one machine: a port given (and held by the other) is refused before any rank
     starts, naming the key; none given, each sweep finds two free consecutive ports of its own."""
+    from acer_torchrl.shared_replay.sweep import rendezvous_port
+
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
@@ -434,6 +438,12 @@ def stopped(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
     return returncode, stderr.strip().splitlines()[-1]
 
 
+def spawned_children(pid: int) -> list[str]:
+    """The processes ``pid`` started with multiprocessing's spawn (a sweep's ranks; not its resource tracker)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [child for child in children if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -474,11 +484,14 @@ def test_ctrl_c_on_a_sweep_says_what_each_agent_saved_and_how_to_resume(tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["local", "processes"])
 def test_ctrl_c_in_a_sweeps_start_up_ends_it_at_once_in_one_line(tmp_path, mode):
-    """Ctrl-C while the sweep starts (``processes``: once its ranks exist, while they import torch): every process
-    ends within seconds, with one line and no traceback (a rank cut in its imports printed one)."""
+    """Ctrl-C while the sweep starts (``local``: its agents being built; ``processes``: its ranks importing torch):
+    every process ends within seconds, with one line and no traceback (a rank cut in its imports printed one)."""
     proc = start_sweep(tmp_path / "sweep", mode, 2)
-    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-    wait_for(lambda: mode == "local" or len(children.read_text().split()) >= 2, proc, 120)
+    if mode == "local":
+        wait_for((tmp_path / "sweep" / "agent0").exists, proc, 120)
+    else:
+        wait_for(lambda: len(spawned_children(proc.pid)) == 2, proc, 120)
+        time.sleep(1)  # their interpreters up, their imports under way (seconds long)
     returncode, line = stopped(proc, signal.SIGINT)
     assert returncode == 130
     assert line in ("interrupted during start-up: nothing to save yet",

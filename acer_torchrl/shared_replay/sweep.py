@@ -292,6 +292,8 @@ def run_sweep_rank(
         raise ConfigError("a sweep with one process per agent needs run_dir=<sweep dir> fixed for all of them")
     sweep_dir, cfgs = agent_configs(sweep, overrides)
     cfg = cfgs[rank]
+    # torch's own use of an API it deprecated (in init_rpc and all_gather_object), once per rank: not the user's
+    warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
     dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{port}", rank=rank, world_size=world_size)
     shared = None
     if rank == 0:
@@ -312,9 +314,7 @@ def run_sweep_rank(
     try:
         summary = trainer.train()
         results = [None] * world_size
-        with warnings.catch_warnings():  # torch's own call of a deprecated API inside it
-            warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
-            dist.all_gather_object(results, (summary, trainer.log.rows, handle.sampled.tolist()))
+        dist.all_gather_object(results, (summary, trainer.log.rows, handle.sampled.tolist()))
         counts = shared.agent_counts() if rank == 0 else None
         finished = True
     finally:
@@ -370,6 +370,8 @@ def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
     if not override_value(overrides, "resume"):
         overrides = [*overrides, f"run_dir={sweep_dir}"]  # one sweep directory for every rank
     port = rendezvous_port(sweep)
+    # the ranks' C++ warnings (TensorPipe's, of the connections a stopping rank closes) off unless asked for
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     ranks = None
     try:
         with ranks_start_ignoring_sigint():
