@@ -39,7 +39,10 @@ from acer_torchrl.trainer import Trainer, available_cores
 from acer_torchrl.validation import allowed, check_allowed
 
 PEER_WAIT_S = 600  # how long an agent waits for the others' first experience (the RPC timeout too)
-RANK_STOP_WAIT_S = 60  # how long a stopped sweep waits for a rank to end before it kills it
+# how long a stopped sweep waits for a rank to end before it kills it: a rank stops at once where its Python runs,
+# but one held in a C++ rendezvous (init_process_group / init_rpc waiting for a rank that stopped during its
+# start-up) runs no signal handler; it has started no helper process yet, and nothing of it is lost
+RANK_STOP_WAIT_S = 10
 
 
 class SweepAgentTrainer(Trainer):
