@@ -417,25 +417,25 @@ STOPPED_WITHIN_S = 20  # every process of a stopped sweep ends within this (a ra
 
 def start_sweep(sweep_dir: Path, mode: str, agents: int) -> subprocess.Popen:
     """``recipes/laser_sweep.py`` in a session of its own (as a terminal runs it), long enough to be stopped, with a
-    periodic checkpoint every batch; its stderr piped."""
+    periodic checkpoint every batch; its output (stdout and stderr, as a terminal shows them) piped."""
     args = [sys.executable, str(ROOT / "recipes" / "laser_sweep.py"), f"agents={agents}", f"mode={mode}",
             f"run_dir={sweep_dir}", *SMOKE, "total_frames=100000", "log.checkpoint_interval=64"]
-    return subprocess.Popen(args, cwd=sweep_dir.parent, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=os.environ)
+    return subprocess.Popen(args, cwd=sweep_dir.parent, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=os.environ)
 
 
 def stopped(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
-    """Send ``sig`` to the sweep's process group; its exit code and stderr once it and every process of its group
-    (ranks, workers) ended, within :data:`STOPPED_WITHIN_S`, with nothing but a progress bar and one stop line."""
-    returncode, stderr, seconds = signal_group(proc, sig)
+    """Send ``sig`` to the sweep's process group; its exit code and last line once it and every process of its
+    group (ranks, workers) ended, within :data:`STOPPED_WITHIN_S`, with nothing but a progress bar and that line."""
+    returncode, output, seconds = signal_group(proc, sig)
     deadline = time.monotonic() + 2
     while group_alive(proc.pid):
         assert time.monotonic() < deadline, "a process of the stopped sweep lives on"
         time.sleep(0.1)
     assert seconds < STOPPED_WITHIN_S, f"stopped after {seconds:.0f} s"
-    noise = [line for line in stderr.replace("\r", "\n").splitlines()[:-1] if line.strip() and "step/s" not in line]
-    assert not noise, stderr  # no traceback, no TorchRL INFO line, no gloo warning
-    return returncode, stderr.strip().splitlines()[-1]
+    noise = [line for line in output.replace("\r", "\n").splitlines()[:-1] if line.strip() and "step/s" not in line]
+    assert not noise, output  # no traceback, no TorchRL INFO line, no gloo warning
+    return returncode, output.strip().splitlines()[-1]
 
 
 def spawned_children(pid: int) -> list[str]:
