@@ -391,12 +391,18 @@ def test_local_vracer_sweep_end_to_end(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("smoke", [SMOKE, VRACER_SMOKE], ids=["laser", "vracer"])
 def test_process_sweep_end_to_end(tmp_path, smoke):
-    """One process per agent: V-RACER's agents read the episode links and steps of rank 0's replay over RPC."""
+    """One process per agent: V-RACER's agents read the episode links and steps of rank 0's replay over RPC. A rank
+    that fails (agent 1's checkpoint damaged, on resume) ends the sweep with one line naming it and its error."""
+    from acer_torchrl.trainer import TrainingError
+
     result = run(["agents=2", "mode=processes", f"run_dir={tmp_path}", *smoke])  # on two free ports it finds
     assert [a["env_steps"] for a in result["agents"]] == [256, 256]
     assert result["shared_replay"]["stored_steps_by_agent"] == [256, 256]
     for agent in result["agents"]:
         assert min(agent["replayed_share_by_agent"]) > 0
+    (tmp_path / "agent1" / "checkpoint" / "state.pt").unlink()
+    with pytest.raises(TrainingError, match=r"^sweep agent 1 failed: CheckpointError: checkpoint .* state.pt is missing"):
+        run([f"resume={tmp_path}", "total_frames=320"])
 
 
 @pytest.mark.integration

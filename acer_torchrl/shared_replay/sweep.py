@@ -12,7 +12,9 @@ import contextlib
 import copy
 import csv
 import json
+import multiprocessing.connection
 import os
+import pickle
 import signal
 import socket
 import time
@@ -297,34 +299,36 @@ def run_sweep_rank(
     cfg = cfgs[rank]
     # torch's own use of an API it deprecated (in init_rpc and all_gather_object), once per rank: not the user's
     warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
+    # both rendezvous first, back to back, before anything that can fail or take long: a rank held in one waits in
+    # C++, where it runs no signal handler, for a peer that may never come
     dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{port}", rank=rank, world_size=world_size)
-    shared = None
-    if rank == 0:
-        make_writable_dir(sweep_dir, "run_dir")
-        shared = _shared_storage(cfg, sweep_dir, world_size)
-    handle = AgentReplay(shared if rank == 0 else RemoteReplay("agent0"), rank, world_size, owner=rank == 0)
-    trainer = SweepAgentTrainer(cfg, handle, wait_for_peers=True)  # when resuming, rank 0 restores the replay before serving it
-    if rank == 0:
-        record_sweep_start(sweep, sweep_dir, overrides)
-    # a SLURM task has its own share of cores (a rank on each of several nodes too); without SLURM
-    # (mode=processes) every rank and its collector workers share this machine's
-    share = available_cores() if "SLURM_CPUS_PER_TASK" in os.environ else available_cores() // world_size
-    torch.set_num_threads(max(1, share - cfg.collector.workers))
-    serve(shared)
     options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{master_addr}:{port + 1}", rpc_timeout=PEER_WAIT_S)
     rpc.init_rpc(f"agent{rank}", rank=rank, world_size=world_size, rpc_backend_options=options)
     finished = False
     try:
+        shared = None
+        if rank == 0:
+            make_writable_dir(sweep_dir, "run_dir")
+            shared = _shared_storage(cfg, sweep_dir, world_size)
+        handle = AgentReplay(shared if rank == 0 else RemoteReplay("agent0"), rank, world_size, owner=rank == 0)
+        trainer = SweepAgentTrainer(cfg, handle, wait_for_peers=True)  # rank 0 restores the replay (resuming) ...
+        if rank == 0:
+            record_sweep_start(sweep, sweep_dir, overrides)
+        serve(shared)  # ... before serving it: the others' calls wait until here
+        # a SLURM task has its own share of cores (a rank on each of several nodes too); without SLURM
+        # (mode=processes) every rank and its collector workers share this machine's
+        share = available_cores() if "SLURM_CPUS_PER_TASK" in os.environ else available_cores() // world_size
+        torch.set_num_threads(max(1, share - cfg.collector.workers))
         summary = trainer.train()
         results = [None] * world_size
         dist.all_gather_object(results, (summary, trainer.log.rows, handle.sampled.tolist()))
         counts = shared.agent_counts() if rank == 0 else None
         finished = True
     finally:
+        serve(None)  # (a call still waiting for a replay that will not come fails)
         # finished: wait until every rank is done with rank 0's replay; stopped or failed: wait for no one (the
         # others may be gone, and a graceful shutdown would wait for them up to the RPC timeout)
         rpc.shutdown(graceful=finished)
-        serve(None)
         dist.destroy_process_group()
     if rank != 0:
         return None
@@ -365,7 +369,6 @@ def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
     """One process per agent on this machine (the layout of a SLURM job with one task per agent); a rank that
     fails ends the sweep with one line naming it (:class:`~acer_torchrl.trainer.TrainingError`)."""
     import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessException
 
     from acer_torchrl.trainer import TrainingError
 
@@ -380,14 +383,34 @@ def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
         with ranks_start_ignoring_sigint():
             ranks = mp.start_processes(_rank_main, args=(sweep, overrides, port), nprocs=sweep.agents, join=False,
                                        start_method="spawn")
-        while not ranks.join():
-            pass
+        failed = first_failed_rank(ranks.processes)
     except Interrupted as stop:  # (installed stop signals) the ranks end at once, keeping their periodic checkpoints
         stop_ranks(ranks.processes if ranks else [])
         raise Interrupted(stop.signum, stop_line(sweep, sweep_dir)) from None
-    except ProcessException as err:
-        raise TrainingError(f"sweep agent {err.error_index} failed: {err.msg.strip().splitlines()[-1]}") from None
+    if failed is not None:
+        stop_ranks(ranks.processes)
+        raise TrainingError(f"sweep agent {failed} failed: {rank_error(ranks, failed)}")
     return json.loads((sweep_dir / "summary.json").read_text())  # rank 0 wrote it
+
+
+def first_failed_rank(ranks: list) -> int | None:
+    """Wait until every rank ended (None) or one failed (its index: the others still run)."""
+    while alive := [rank.sentinel for rank in ranks if rank.exitcode is None]:
+        multiprocessing.connection.wait(alive)
+        failed = [i for i, rank in enumerate(ranks) if rank.exitcode not in (None, 0)]
+        if failed:
+            return failed[0]
+    return None
+
+
+def rank_error(ranks, i: int) -> str:
+    """Rank ``i``'s error, ``<exception class>: <message>`` (the last line of the traceback that torch's spawn
+    wrapper pickles into the rank's error file), or how the rank ended."""
+    path = Path(ranks.error_files[i])
+    if not (path.is_file() and path.stat().st_size):
+        return f"exit code {ranks.processes[i].exitcode}"
+    kind, _, message = pickle.loads(path.read_bytes()).strip().splitlines()[-1].partition(": ")
+    return f"{kind.rpartition('.')[2]}: {message}"
 
 
 def stop_ranks(ranks: list) -> None:
