@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable
 
 from acer_torchrl.checkpoint import CheckpointError
-from acer_torchrl.config import ConfigError, load_config
+from acer_torchrl.config import ConfigError, load_config, override_value
 from acer_torchrl.processes import HelperDied, Interrupted, StopSignals
 
 USER_ERRORS = (ConfigError, CheckpointError)
@@ -20,8 +20,10 @@ def run(recipe: str, overrides: list[str], stop_signals: StopSignals | None = No
     """Build the config of ``recipe`` with ``overrides`` and train; returns the run's summary dict. With
     ``stop_signals`` (installed), SIGINT / SIGTERM checkpoint and raise :class:`~acer_torchrl.processes.Interrupted`;
     ``remote`` (a :class:`~acer_torchrl.collectors.RemoteCollection`): collect on other nodes."""
+    from acer_torchrl.shared_replay import refuse_sweep_resume
     from acer_torchrl.trainer import train
 
+    refuse_sweep_resume(override_value(overrides, "resume"))
     return train(load_config(recipe, overrides), stop_signals, remote)
 
 
@@ -89,7 +91,7 @@ def run_from_command_line(recipe: str, argv: list[str], stops: StopSignals) -> i
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     from acer_torchrl.trainer import TrainingError  # imports torchrl, which sets its logger to INFO
 
-    logging.getLogger("torchrl").setLevel(logging.WARNING)  # its INFO lines (storage sizes) in every run
+    quiet_libraries()
 
     try:
         summary = run(recipe, argv, stop_signals=stops)
@@ -110,6 +112,12 @@ def run_from_command_line(recipe: str, argv: list[str], stops: StopSignals) -> i
     )
     warn_if_diverged(summary)
     return 0
+
+
+def quiet_libraries() -> None:
+    """TorchRL's INFO lines (storage sizes, in every run) off, its warnings kept; call once torchrl is imported
+    (the import sets its logger to INFO)."""
+    logging.getLogger("torchrl").setLevel(logging.WARNING)
 
 
 def capped(line: str, most: int = 600) -> str:

@@ -34,9 +34,11 @@ def run_sweep_command(argv: list[str], stops) -> int:
     """The sweep of ``argv`` under the installed ``stops`` (:class:`~acer_torchrl.processes.StopSignals`); its
     exit code."""
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    from acer_torchrl.cli import USER_ERRORS
+    from acer_torchrl.cli import USER_ERRORS, quiet_libraries
     from acer_torchrl.shared_replay import run
     from acer_torchrl.trainer import TrainingError
+
+    quiet_libraries()
 
     try:
         result = run(argv, stops)

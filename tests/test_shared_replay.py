@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import types
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ from acer_torchrl.shared_replay import (
     RemoteReplay,
     SharedReplay,
     SweepAgentTrainer,
+    SweepConfig,
     agent_configs,
     parse_sweep_args,
     run,
@@ -200,6 +202,84 @@ def test_resumed_sweep_keeps_every_agents_own_settings(tmp_path):
     assert [(c.optim.lr, c.algo.entropy_coeff, c.seed) for c in resumed] == own and own[0] != own[1]
 
 
+def started_sweep(sweep_dir: Path, argv: list[str]) -> list:
+    """A sweep of ``argv`` as it starts in ``sweep_dir`` (each agent's config.yaml and the sweep's sweep.json, no
+    training): its agents' configs."""
+    from acer_torchrl.shared_replay.sweep import record_sweep_start
+
+    sweep, overrides = parse_sweep_args([*argv, f"run_dir={sweep_dir}"])
+    _, cfgs = agent_configs(sweep, overrides)
+    for cfg in cfgs:
+        Path(cfg.run_dir).mkdir(parents=True)
+        dump_yaml(cfg, Path(cfg.run_dir) / "config.yaml")
+    record_sweep_start(sweep, sweep_dir, overrides)
+    return cfgs
+
+
+def test_every_sweep_key_on_resume_is_refused_or_reaches_the_live_agents(tmp_path, monkeypatch):
+    """Each sweep key given again on resume: the agents and their grid (what each agent's saved config was made from)
+    are refused in one line when changed; the others reach the sweep that runs (the drivers, stubbed here, get them,
+    and the agents they would train keep their own settings). Nothing given: the saved keys, agents=2 included."""
+    import acer_torchrl.shared_replay.sweep as sr
+    from acer_torchrl.shared_replay.sweep import FIXED_ON_RESUME, sweep_key
+
+    started = started_sweep(tmp_path, ["agents=2", "sweep.lr_factors=1,2", "preset=cartpole"])
+    own = [(c.optim.lr, c.algo.entropy_coeff, c.seed) for c in started]
+    driven = []
+    drive = lambda sweep, overrides, *_: driven.append((sweep, agent_configs(sweep, overrides)[1]))  # noqa: E731
+    monkeypatch.setattr(sr, "run_sweep", drive)
+    monkeypatch.setattr(sr, "run_sweep_processes", drive)
+    changed = {"agents": "1", "lr_factors": "4,8", "entropy_factors": "1", "mode": "processes",
+               "master_addr": "localhost", "port": "40123"}
+    assert set(changed) == {f.name for f in fields(SweepConfig)}, "a new sweep key needs its resume rule here"
+    for name, value in changed.items():
+        given = [f"resume={tmp_path}", f"{sweep_key(name)}={value}"]
+        if name in FIXED_ON_RESUME:
+            with pytest.raises(ConfigError, match=rf"{sweep_key(name)}={value}, but the sweep started with "):
+                run(given)
+            continue
+        run(given)
+        sweep, cfgs = driven.pop()
+        assert str(getattr(sweep, name)) == value and sweep.agents == 2, name
+        assert [(c.optim.lr, c.algo.entropy_coeff, c.seed) for c in cfgs] == own, name
+    run([f"resume={tmp_path}", "agents=2", "sweep.lr_factors=1,2"])  # the values it started with: accepted
+    run([f"resume={tmp_path}"])
+    assert [(s.agents, s.lr_factors, s.mode) for s, _ in driven] == [(2, [1.0, 2.0], "local")] * 2
+    with pytest.raises(ConfigError, match="no readable sweep.json there"):
+        run([f"resume={tmp_path / 'agent0'}"])
+
+
+def test_a_sweep_agent_resumed_alone_is_sent_to_its_sweep(tmp_path, capsys):
+    """``recipes/laser.py resume=<sweep>/agent1`` (or ``resume=<sweep>``): one line saying it belongs to a sweep and
+    the command that resumes it, exit code 2 (not a 'corrupt checkpoint': its replay is the sweep's)."""
+    from acer_torchrl.cli import main
+
+    started_sweep(tmp_path, ["agents=2", "preset=cartpole"])
+    for given, what in ((tmp_path / "agent1", f"an agent of the shared-replay sweep {tmp_path}"),
+                        (tmp_path, "a shared-replay sweep")):
+        assert main("laser", [f"resume={given}"]) == 2
+        assert capsys.readouterr().err == (f"error: resume={given} is {what}, not a run of its own; resume the sweep "
+                                           f"with: python recipes/laser_sweep.py resume={tmp_path}\n")
+
+
+def test_a_held_port_is_named_in_one_line_and_a_free_pair_is_found_otherwise(tmp_path):
+    """Two ``mode=processes`` sweeps on one machine: a port given (and held by the other) is refused before any rank
+    starts, naming the key; none given, each sweep finds two free consecutive ports of its own."""
+    from acer_torchrl.shared_replay.sweep import rendezvous_port
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        for given in (port, port - 1):  # gloo's port or RPC's (the next one) held
+            with pytest.raises(ConfigError, match=rf"sweep.port={given}: 127.0.0.1:{port} cannot be listened on "
+                                                  r"\(Address already in use\).* give another sweep.port"):
+                run(["agents=2", "mode=processes", f"sweep.port={given}", f"run_dir={tmp_path}", *SMOKE])
+        free = rendezvous_port(SweepConfig(mode="processes"))
+        assert port not in (free, free + 1)
+    assert not list(tmp_path.iterdir()), "refused before anything was written"
+
+
 # ---------------------------------------------------------------------------------------------- 2 processes
 def _free_port() -> int:
     with socket.socket() as s:
@@ -311,13 +391,18 @@ def test_local_vracer_sweep_end_to_end(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("smoke", [SMOKE, VRACER_SMOKE], ids=["laser", "vracer"])
 def test_process_sweep_end_to_end(tmp_path, smoke):
-    """One process per agent: V-RACER's agents read the episode links and steps of rank 0's replay over RPC."""
-    port = _free_port()
-    result = run(["agents=2", "mode=processes", f"sweep.port={port}", f"run_dir={tmp_path}", *smoke])
+    """One process per agent: V-RACER's agents read the episode links and steps of rank 0's replay over RPC. A rank
+    that fails (agent 1's checkpoint damaged, on resume) ends the sweep with one line naming it and its error."""
+    from acer_torchrl.trainer import TrainingError
+
+    result = run(["agents=2", "mode=processes", f"run_dir={tmp_path}", *smoke])  # on two free ports it finds
     assert [a["env_steps"] for a in result["agents"]] == [256, 256]
     assert result["shared_replay"]["stored_steps_by_agent"] == [256, 256]
     for agent in result["agents"]:
         assert min(agent["replayed_share_by_agent"]) > 0
+    (tmp_path / "agent1" / "checkpoint" / "state.pt").unlink()
+    with pytest.raises(TrainingError, match=r"^sweep agent 1 failed: CheckpointError: checkpoint .* state.pt is missing"):
+        run([f"resume={tmp_path}", "total_frames=320"])
 
 
 @pytest.mark.integration
@@ -328,37 +413,89 @@ def test_local_sweep_resumes_with_its_shared_replay(tmp_path):
     assert [a["env_steps"] for a in result["agents"]] == [384, 384]
     assert result["shared_replay"]["stored_steps_by_agent"] == [384, 384], "the replay came back from agent 0's checkpoint"
     assert [(a["lr"], a["entropy_coeff"]) for a in result["agents"]] == [(0.5e-3, 0.005), (1e-3, 0.01)]
-    with pytest.raises(ConfigError, match="agent2"):
+    with pytest.raises(ConfigError, match="agents=3, but the sweep started with agents=2"):
         run(["agents=3", f"resume={tmp_path}"])
+
+
+ROOT = Path(__file__).resolve().parents[1]
+STOPPED_WITHIN_S = 20  # every process of a stopped sweep ends within this (a rank once lived to a 60 s kill timeout)
+
+
+def start_sweep(sweep_dir: Path, mode: str, agents: int) -> subprocess.Popen:
+    """``recipes/laser_sweep.py`` in a session of its own (as a terminal runs it), long enough to be stopped, with a
+    periodic checkpoint every batch; its output (stdout and stderr, as a terminal shows them) piped."""
+    args = [sys.executable, str(ROOT / "recipes" / "laser_sweep.py"), f"agents={agents}", f"mode={mode}",
+            f"run_dir={sweep_dir}", *SMOKE, "total_frames=100000", "log.checkpoint_interval=64"]
+    return subprocess.Popen(args, cwd=sweep_dir.parent, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=os.environ)
+
+
+def stopped(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
+    """Send ``sig`` to the sweep's process group; its exit code and last line once it and every process of its
+    group (ranks, workers) ended, within :data:`STOPPED_WITHIN_S`, with nothing but a progress bar and that line."""
+    returncode, output, seconds = signal_group(proc, sig)
+    deadline = time.monotonic() + 2
+    while group_alive(proc.pid):
+        assert time.monotonic() < deadline, "a process of the stopped sweep lives on"
+        time.sleep(0.1)
+    assert seconds < STOPPED_WITHIN_S, f"stopped after {seconds:.0f} s"
+    noise = [line for line in output.replace("\r", "\n").splitlines()[:-1] if line.strip() and "step/s" not in line]
+    assert not noise, output  # no traceback, no TorchRL INFO line, no gloo warning
+    return returncode, output.strip().splitlines()[-1]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "agents"), [("local", 1), ("processes", 2)])
+def test_ctrl_c_on_a_sweep_says_what_each_agent_saved_and_how_to_resume(tmp_path, mode, agents):
+    """Ctrl-C (SIGINT to the terminal's process group) on ``recipes/laser_sweep.py``: one line naming each agent's
+    saved env steps and the sweep's resume command, which continues from them as printed (with any number of agents).
+    ``local`` saves every agent after the batch in hand; ``processes`` keeps each rank's latest periodic checkpoint
+    (its ranks end at the signal)."""
+    from acer_torchrl.checkpoint import latest_checkpoint
+
+    sweep_dir = tmp_path / "sweep"
+    proc = start_sweep(sweep_dir, mode, agents)
+    counters = [sweep_dir / f"agent{i}" / "checkpoint" / "counters.json" for i in range(agents)]
+    wait_for(lambda: all(c.exists() for c in counters), proc, 120)
+    returncode, line = stopped(proc, signal.SIGINT)
+    steps = [json.loads((latest_checkpoint(sweep_dir / f"agent{i}") / "counters.json").read_text())["env_steps"]
+             for i in range(agents)]
+    command = f"python recipes/laser_sweep.py resume={sweep_dir}"
+    assert (returncode, line) == (130, f"interrupted at {', '.join(map(str, steps))} env steps (agent by agent); "
+                                       f"continue with: {command}")
+    more = f"total_frames={max(steps) + 64}"
+    resumed = subprocess.run([sys.executable, *command.split()[1:], more], cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((sweep_dir / "summary.json").read_text())
+    assert [a["env_steps"] for a in summary["agents"]] == [max(steps) + 64] * agents
+    assert summary["sweep"]["mode"] == mode, "the resumed sweep runs as it started"
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["local", "processes"])
-def test_ctrl_c_on_a_sweep_says_what_each_agent_saved_and_how_to_resume(tmp_path, mode):
-    """Ctrl-C (SIGINT to the terminal's process group) on ``recipes/laser_sweep.py``: one line naming each agent's
-    saved env steps and the sweep's resume command, which continues from them. ``local`` saves every agent after
-    the batch in hand; ``processes`` keeps each rank's latest periodic checkpoint (its ranks end at the signal)."""
-    from acer_torchrl.checkpoint import latest_checkpoint
-
-    root = Path(__file__).resolve().parents[1]
-    ranks = ["mode=processes", f"sweep.port={_free_port()}"] if mode == "processes" else []
-    args = [sys.executable, str(root / "recipes" / "laser_sweep.py"), "agents=2", f"run_dir={tmp_path}", *SMOKE,
-            *ranks, "total_frames=100000", "log.checkpoint_interval=64"]
-    proc = subprocess.Popen(args, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=os.environ)
-    counters = [tmp_path / f"agent{i}" / "checkpoint" / "counters.json" for i in (0, 1)]
-    wait_for(lambda: all(c.exists() for c in counters), proc, 120)
-    returncode, stderr, _ = signal_group(proc, signal.SIGINT)
-    steps = [json.loads((latest_checkpoint(tmp_path / f"agent{i}") / "counters.json").read_text())["env_steps"]
-             for i in (0, 1)]
-    assert returncode == 130 and "Traceback" not in stderr, stderr
-    assert stderr.strip().splitlines()[-1] == (
-        f"interrupted at {steps[0]}, {steps[1]} env steps (agent by agent); continue with: "
-        f"python recipes/laser_sweep.py resume={tmp_path}"
-    )
-    result = run(["agents=2", f"resume={tmp_path}", f"total_frames={max(steps) + 64}"])
-    assert [a["env_steps"] for a in result["agents"]] == [max(steps) + 64] * 2
+def test_ctrl_c_in_a_sweeps_start_up_ends_it_at_once_in_one_line(tmp_path, mode):
+    """Ctrl-C while the sweep starts (``local``: its agents being built; ``processes``: its ranks importing torch):
+    every process ends within seconds, with one line and no traceback (a rank cut in its imports printed one)."""
+    proc = start_sweep(tmp_path / "sweep", mode, 2)
+    if mode == "local":
+        wait_for((tmp_path / "sweep" / "agent0").exists, proc, 120)
+    else:
+        wait_for(lambda: len(spawned_children(proc.pid)) == 2, proc, 120)
+        time.sleep(1)  # their interpreters up, their imports under way (seconds long)
+    returncode, line = stopped(proc, signal.SIGINT)
+    assert returncode == 130
+    assert line in ("interrupted during start-up: nothing to save yet",
+                    "interrupted before every agent had a checkpoint: nothing to resume")
 
 
 @pytest.mark.integration

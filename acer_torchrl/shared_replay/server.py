@@ -113,6 +113,7 @@ class SharedReplay:
 
 # ---------------------------------------------------------------------------------------------- RPC
 _SERVED: SharedReplay | None = None  # the replay rank 0 serves
+_SERVED_SET = threading.Event()  # set once this process serves a replay, or says it serves none
 _REMOTE_METHODS = frozenset(
     {"extend", "size", "episodes", "missing", "sample_sequences", "sample_steps", "recurrent_prefix", "capacity",
      "written", "episode_links", "gather", "agent_counts"}
@@ -120,13 +121,17 @@ _REMOTE_METHODS = frozenset(
 
 
 def serve(replay: SharedReplay | None) -> None:
-    """Make ``replay`` the one this process serves to :class:`RemoteReplay` clients (``None`` stops)."""
+    """Make ``replay`` the one this process serves to :class:`RemoteReplay` clients (``None`` stops); calls that
+    came before the first ``serve`` waited for it."""
     global _SERVED
     _SERVED = replay
+    _SERVED_SET.set()
 
 
 def _call_served(method: str, *args):
-    """Runs on the owner, in an RPC server thread."""
+    """Runs on the owner, in an RPC server thread, once the owner said what it serves (:func:`serve`): the ranks
+    meet before rank 0 has built (or restored) its replay."""
+    _SERVED_SET.wait()
     if _SERVED is None or method not in _REMOTE_METHODS:
         raise RuntimeError(f"no shared replay served here for {method!r}")
     return getattr(_SERVED, method)(*args)

@@ -8,14 +8,19 @@ own stored estimates of every shared step beside the replay
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import json
+import multiprocessing.connection
 import os
+import pickle
 import signal
+import socket
 import time
 import typing
-from dataclasses import asdict, dataclass, field, fields
+import warnings
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +41,10 @@ from acer_torchrl.trainer import Trainer, available_cores
 from acer_torchrl.validation import allowed, check_allowed
 
 PEER_WAIT_S = 600  # how long an agent waits for the others' first experience (the RPC timeout too)
-RANK_STOP_WAIT_S = 60  # how long a stopped sweep waits for a rank to end before it kills it
+# how long a stopped sweep waits for a rank to end before it kills it: a rank stops at once where its Python runs,
+# but one held in a C++ rendezvous (init_process_group / init_rpc waiting for a rank that stopped during its
+# start-up) runs no signal handler; it has started no helper process yet, and nothing of it is lost
+RANK_STOP_WAIT_S = 10
 
 
 class SweepAgentTrainer(Trainer):
@@ -81,7 +89,9 @@ class SweepConfig:
     Agent ``i`` trains with ``optim.lr * lr_factors[a]`` and ``laser.entropy_coeff * entropy_factors[(a + d) % E]``
     with ``a = i % L``, ``d = i // L`` (the L x E grid walked diagonal by diagonal: 9 agents cover the paper's
     3 x 3 grid of sec. 5.1, and the first few differ in both factors), and seed ``seed + i``. V-RACER has no
-    entropy cost: its agents differ in ``optim.lr`` and seed only.
+    entropy cost: its agents differ in ``optim.lr`` and seed only. A resumed sweep keeps the keys it started with
+    (``sweep.json``); given again, the grid's keys (:data:`FIXED_ON_RESUME`) must keep their values, the others
+    apply to the resumed run.
     """
 
     agents: int = 3
@@ -89,7 +99,7 @@ class SweepConfig:
     lr_factors: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])
     entropy_factors: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])
     master_addr: str = "127.0.0.1"  # mode=processes
-    port: int = 29533  # mode=processes: gloo on port, RPC on port + 1
+    port: int | None = None  # mode=processes: gloo on port, RPC on port + 1 (none: two free ones, found at start)
 
     def validate(self) -> None:
         check_allowed(self, "sweep.")
@@ -104,23 +114,86 @@ class SweepConfig:
         return self.lr_factors[a], self.entropy_factors[(a + diagonal) % n_ent]
 
 
+SHORT_KEYS = ("agents", "mode")  # sweep keys given without the ``sweep.`` prefix
+FIXED_ON_RESUME = ("agents", "lr_factors", "entropy_factors")  # the agents and what each trains with
+SWEEP_FILE = "sweep.json"  # the sweep's keys as it started, in its directory: what a resume reads back
+
+
+def sweep_key(name: str) -> str:
+    """The command-line key of the :class:`SweepConfig` field ``name``."""
+    return name if name in SHORT_KEYS else f"sweep.{name}"
+
+
 def parse_sweep_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
-    """Split ``key=value`` arguments into the sweep's own keys and the agents' config overrides."""
-    sweep = SweepConfig()
+    """Split ``key=value`` arguments into the sweep's own keys and the agents' config overrides. With
+    ``resume=<sweep_dir>``, the sweep's keys are those it started with, changed by the ones given
+    (:func:`resumed_sweep`)."""
+    given, rest = _split_sweep_args(argv)
+    sweep = SweepConfig(**given)
+    sweep.validate()
+    resume = override_value(rest, "resume")
+    return (resumed_sweep(Path(resume), given) if resume else sweep), rest
+
+
+def _split_sweep_args(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The sweep keys given in ``argv`` (by field name, coerced) and the other arguments."""
     hints = typing.get_type_hints(SweepConfig)
-    rest = []
+    given, rest = {}, []
     for item in argv:
         key, sep, value = item.partition("=")
         name = key.strip().removeprefix("sweep.")
-        if sep and (key.strip().startswith("sweep.") or name in ("agents", "mode")):
-            if name not in {f.name for f in fields(SweepConfig)}:
-                valid = ", ".join(f"sweep.{f.name}" for f in fields(SweepConfig))
-                raise ConfigError(f"unknown sweep key '{key.strip()}'; valid: agents, mode, {valid}")
-            setattr(sweep, name, _coerce(value.strip(), hints[name], key.strip()))
+        if sep and (key.strip().startswith("sweep.") or name in SHORT_KEYS):
+            if name not in hints:
+                valid = ", ".join(sweep_key(f.name) for f in fields(SweepConfig))
+                raise ConfigError(f"unknown sweep key '{key.strip()}'; valid: {valid}")
+            given[name] = _coerce(value.strip(), hints[name], key.strip())
         else:
             rest.append(item)
-    sweep.validate()
-    return sweep, rest
+    return given, rest
+
+
+def resumed_sweep(sweep_dir: Path, given: dict[str, Any]) -> SweepConfig:
+    """The sweep saved in ``sweep_dir`` with the keys ``given`` again: the agents and their grid
+    (:data:`FIXED_ON_RESUME`, what each agent's saved config was made from) must keep their values (a one-line
+    :class:`ConfigError` otherwise); how the agents run (``mode``, address, port) takes the value given."""
+    try:
+        saved = SweepConfig(**json.loads((sweep_dir / SWEEP_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        raise ConfigError(f"resume={sweep_dir}: no readable {SWEEP_FILE} there (not a sweep directory?)") from None
+    for name in FIXED_ON_RESUME:
+        if name in given and given[name] != getattr(saved, name):
+            key = sweep_key(name)
+            raise ConfigError(
+                f"resume={sweep_dir}: {key}={_show_value(given[name])}, but the sweep started with "
+                f"{key}={_show_value(getattr(saved, name))}; its agents and their grid are fixed when it starts "
+                f"(leave {key} out, or start a new sweep)"
+            )
+    return replace(saved, **{name: value for name, value in given.items() if name not in FIXED_ON_RESUME})
+
+
+def _show_value(value: Any) -> str:
+    """``value`` as it is typed on the command line (a list as ``a,b,c``)."""
+    return ",".join(f"{v:g}" for v in value) if isinstance(value, list) else str(value)
+
+
+def record_sweep_start(sweep: SweepConfig, sweep_dir: Path, overrides: list[str]) -> None:
+    """``sweep_dir/sweep.json``: the sweep's keys, written when it starts, once its agents have claimed their run
+    directories (a resumed sweep keeps the file; :func:`resumed_sweep` reads it)."""
+    if override_value(overrides, "resume") is None:
+        (sweep_dir / SWEEP_FILE).write_text(json.dumps(asdict(sweep), indent=2))
+
+
+def refuse_sweep_resume(resume: str | None) -> None:
+    """A one-line :class:`ConfigError` when a single run's ``resume=`` names a sweep directory or one of its agents:
+    resumed alone, an agent would go on without the sweep's shared replay (held by agent 0's checkpoint)."""
+    if resume is None:
+        return
+    path = Path(resume)
+    for sweep_dir, what in ((path, "a shared-replay sweep"),
+                            (path.parent, f"an agent of the shared-replay sweep {path.parent}")):
+        if (sweep_dir / SWEEP_FILE).is_file():
+            raise ConfigError(f"resume={resume} is {what}, not a run of its own; resume the sweep with: "
+                              f"python recipes/laser_sweep.py resume={sweep_dir}")
 
 
 PER_AGENT_KEYS = ("optim.lr", "laser.entropy_coeff", "seed")  # agent i's: base x its grid factors, base seed + i
@@ -143,7 +216,7 @@ def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[
         cfgs = []
         for i in range(sweep.agents):
             if not (sweep_dir / f"agent{i}" / "config.yaml").is_file():
-                raise ConfigError(f"resume={sweep_dir}: no agent{i}/config.yaml there (a sweep of {sweep.agents} agents?)")
+                raise ConfigError(f"resume={sweep_dir}: no agent{i}/config.yaml there (the sweep has {sweep.agents} agents)")
             cfgs.append(load_config(None, [f"resume={sweep_dir / f'agent{i}'}", *rest]))  # the loss it was saved with
         return sweep_dir, cfgs
     loss = given.get("loss", "laser")
@@ -187,6 +260,7 @@ def run_sweep(sweep: SweepConfig, overrides: list[str], stop_signals: StopSignal
     trainers = [
         SweepAgentTrainer(cfg, AgentReplay(shared, i, len(cfgs), owner=i == 0)) for i, cfg in enumerate(cfgs)
     ]
+    record_sweep_start(sweep, sweep_dir, overrides)
     try:
         summaries = RunGuard(stop_signals).train_in_turn(trainers)
     except Interrupted as stop:
@@ -225,28 +299,38 @@ def run_sweep_rank(
         raise ConfigError("a sweep with one process per agent needs run_dir=<sweep dir> fixed for all of them")
     sweep_dir, cfgs = agent_configs(sweep, overrides)
     cfg = cfgs[rank]
+    # torch's own use of an API it deprecated (in init_rpc and all_gather_object), once per rank: not the user's
+    warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
+    # both rendezvous first, back to back, before anything that can fail or take long: a rank held in one waits in
+    # C++, where it runs no signal handler, for a peer that may never come
     dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{port}", rank=rank, world_size=world_size)
-    shared = None
-    if rank == 0:
-        make_writable_dir(sweep_dir, "run_dir")
-        shared = _shared_storage(cfg, sweep_dir, world_size)
-    handle = AgentReplay(shared if rank == 0 else RemoteReplay("agent0"), rank, world_size, owner=rank == 0)
-    trainer = SweepAgentTrainer(cfg, handle, wait_for_peers=True)  # when resuming, rank 0 restores the replay before serving it
-    # a SLURM task has its own share of cores (a rank on each of several nodes too); without SLURM
-    # (mode=processes) every rank and its collector workers share this machine's
-    share = available_cores() if "SLURM_CPUS_PER_TASK" in os.environ else available_cores() // world_size
-    torch.set_num_threads(max(1, share - cfg.collector.workers))
-    serve(shared)
     options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{master_addr}:{port + 1}", rpc_timeout=PEER_WAIT_S)
     rpc.init_rpc(f"agent{rank}", rank=rank, world_size=world_size, rpc_backend_options=options)
+    finished = False
     try:
+        shared = None
+        if rank == 0:
+            make_writable_dir(sweep_dir, "run_dir")
+            shared = _shared_storage(cfg, sweep_dir, world_size)
+        handle = AgentReplay(shared if rank == 0 else RemoteReplay("agent0"), rank, world_size, owner=rank == 0)
+        trainer = SweepAgentTrainer(cfg, handle, wait_for_peers=True)  # rank 0 restores the replay (resuming) ...
+        if rank == 0:
+            record_sweep_start(sweep, sweep_dir, overrides)
+        serve(shared)  # ... before serving it: the others' calls wait until here
+        # a SLURM task has its own share of cores (a rank on each of several nodes too); without SLURM
+        # (mode=processes) every rank and its collector workers share this machine's
+        share = available_cores() if "SLURM_CPUS_PER_TASK" in os.environ else available_cores() // world_size
+        torch.set_num_threads(max(1, share - cfg.collector.workers))
         summary = trainer.train()
         results = [None] * world_size
         dist.all_gather_object(results, (summary, trainer.log.rows, handle.sampled.tolist()))
         counts = shared.agent_counts() if rank == 0 else None
+        finished = True
     finally:
-        rpc.shutdown()  # waits until every rank is done with rank 0's replay
-        serve(None)
+        serve(None)  # (a call still waiting for a replay that will not come fails)
+        # finished: wait until every rank is done with rank 0's replay; stopped or failed: wait for no one (the
+        # others may be gone, and a graceful shutdown would wait for them up to the RPC timeout)
+        rpc.shutdown(graceful=finished)
         dist.destroy_process_group()
     if rank != 0:
         return None
@@ -254,38 +338,124 @@ def run_sweep_rank(
     return write_sweep_results(sweep, sweep_dir, cfgs, summaries, rows, sampled, counts)
 
 
-def _rank_main(rank: int, sweep: SweepConfig, overrides: list[str], queue) -> None:
-    import warnings
+@contextlib.contextmanager
+def ranks_start_ignoring_sigint():
+    """SIGINT ignored while ranks are started: they inherit that through their ``exec`` and keep it until their
+    own handlers are in place (:func:`_rank_main`), so that a Ctrl-C on the terminal does not cut a rank's
+    start-up (its imports) into a KeyboardInterrupt traceback; the parent relays a stop to them with SIGTERM
+    (:func:`stop_ranks`). A Ctrl-C within the milliseconds these starts take is not seen."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _rank_main(rank: int, sweep: SweepConfig, overrides: list[str], port: int) -> None:
+    """One rank of :func:`run_sweep_processes`; a stop signal ends it where it is, quietly (its latest periodic
+    checkpoint stays, and the parent says what was saved)."""
+    from acer_torchrl.cli import quiet_libraries
 
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    result = run_sweep_rank(sweep, overrides, rank, sweep.agents, sweep.master_addr, sweep.port)
-    if rank == 0:
-        queue.put(result)
+    quiet_libraries()
+    stops = StopSignals().install()  # SIGINT was ignored until here (ranks_start_ignoring_sigint)
+    try:
+        run_sweep_rank(sweep, overrides, rank, sweep.agents, sweep.master_addr, port)
+    except Interrupted:
+        pass
+    finally:
+        stops.restore()
 
 
 def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
-    """One process per agent on this machine (the layout of a SLURM job with one task per agent)."""
+    """One process per agent on this machine (the layout of a SLURM job with one task per agent); a rank that
+    fails ends the sweep with one line naming it (:class:`~acer_torchrl.trainer.TrainingError`)."""
     import torch.multiprocessing as mp
+
+    from acer_torchrl.trainer import TrainingError
 
     sweep_dir, _ = agent_configs(sweep, overrides)  # configuration errors surface here, before any process starts
     if not override_value(overrides, "resume"):
         overrides = [*overrides, f"run_dir={sweep_dir}"]  # one sweep directory for every rank
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    ranks = mp.start_processes(_rank_main, args=(sweep, overrides, queue), nprocs=sweep.agents, join=False,
-                               start_method="spawn")
+    port = rendezvous_port(sweep)
+    # the ranks' C++ warnings (TensorPipe's, of the connections a stopping rank closes) off unless asked for
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    ranks = None
     try:
-        while not ranks.join():
-            pass
-    except Interrupted as stop:  # (installed stop signals) the ranks end at SIGINT, keeping their periodic checkpoints
-        for rank in ranks.processes:
-            if rank.is_alive():
-                os.kill(rank.pid, signal.SIGINT)  # a signal to this process alone reaches them here
-            rank.join(timeout=RANK_STOP_WAIT_S)
-            if rank.is_alive():
-                rank.kill()  # a checkpoint it was writing is not swapped in: the previous one stays
+        with ranks_start_ignoring_sigint():
+            ranks = mp.start_processes(_rank_main, args=(sweep, overrides, port), nprocs=sweep.agents, join=False,
+                                       start_method="spawn")
+        failed = first_failed_rank(ranks.processes)
+    except Interrupted as stop:  # (installed stop signals) the ranks end at once, keeping their periodic checkpoints
+        stop_ranks(ranks.processes if ranks else [])
         raise Interrupted(stop.signum, stop_line(sweep, sweep_dir)) from None
-    return queue.get()
+    if failed is not None:
+        stop_ranks(ranks.processes)
+        raise TrainingError(f"sweep agent {failed} failed: {rank_error(ranks, failed)}")
+    return json.loads((sweep_dir / "summary.json").read_text())  # rank 0 wrote it
+
+
+def first_failed_rank(ranks: list) -> int | None:
+    """Wait until every rank ended (None) or one failed (its index: the others still run)."""
+    while alive := [rank.sentinel for rank in ranks if rank.exitcode is None]:
+        multiprocessing.connection.wait(alive)
+        failed = [i for i, rank in enumerate(ranks) if rank.exitcode not in (None, 0)]
+        if failed:
+            return failed[0]
+    return None
+
+
+def rank_error(ranks, i: int) -> str:
+    """Rank ``i``'s error, ``<exception class>: <message>`` (the last line of the traceback that torch's spawn
+    wrapper pickles into the rank's error file), or how the rank ended."""
+    path = Path(ranks.error_files[i])
+    if not (path.is_file() and path.stat().st_size):
+        return f"exit code {ranks.processes[i].exitcode}"
+    kind, _, message = pickle.loads(path.read_bytes()).strip().splitlines()[-1].partition(": ")
+    return f"{kind.rpartition('.')[2]}: {message}"
+
+
+def stop_ranks(ranks: list) -> None:
+    """SIGTERM to every rank still running (a signal to this process alone reaches them here), and their end; a
+    rank alive :data:`RANK_STOP_WAIT_S` later is killed (a checkpoint it was writing is not swapped in: the
+    previous one stays)."""
+    for rank in ranks:
+        if rank.is_alive():
+            os.kill(rank.pid, signal.SIGTERM)
+    deadline = time.monotonic() + RANK_STOP_WAIT_S
+    for rank in ranks:
+        rank.join(timeout=max(0.0, deadline - time.monotonic()))
+        if rank.is_alive():
+            rank.kill()
+
+
+def rendezvous_port(sweep: SweepConfig) -> int:
+    """The port the ranks meet on (gloo; RPC on the next one): ``sweep.port`` when both are free on
+    ``sweep.master_addr`` (a one-line :class:`ConfigError` naming the key otherwise), else two free ones."""
+    if sweep.port is not None:
+        busy = _busy(sweep.master_addr, sweep.port) or _busy(sweep.master_addr, sweep.port + 1)
+        if busy:
+            raise ConfigError(f"sweep.port={sweep.port}: {sweep.master_addr}:{busy} (another sweep on this machine?); "
+                              "give another sweep.port, or leave it out to use two free ports")
+        return sweep.port
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind((sweep.master_addr, 0))
+            port = probe.getsockname()[1]
+        if port < 65535 and not _busy(sweep.master_addr, port) and not _busy(sweep.master_addr, port + 1):
+            return port
+    raise ConfigError(f"no two free consecutive ports on {sweep.master_addr}; give them with sweep.port=")
+
+
+def _busy(addr: str, port: int) -> str | None:
+    """Why ``addr:port`` cannot be listened on (``"<port> cannot be listened on (<reason>)"``), or None."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the ranks' stores listen: TIME_WAIT is no bar
+        try:
+            probe.bind((addr, port))
+        except OSError as err:
+            return f"{port} cannot be listened on ({err.strerror})"
+    return None
 
 
 def agent_checkpoints(sweep: SweepConfig, sweep_dir: Path) -> list[Path] | None:
