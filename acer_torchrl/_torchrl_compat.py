@@ -73,7 +73,7 @@ the pin, check each one against the new TorchRL; ``tests/test_replay.py``, ``tes
    push of ``update_policy_weights_()``, overridden through public API: ``model`` and
    ``shared_transport.unique_weights``) relies on: a worker acts with the scheme's shared-memory tensors
    themselves, so writing them is the whole push and TorchRL's message and acknowledgement round trip to each
-   worker (9-25 ms of the learner's time a push) can be left out. Upstream behaviour: TorchRL 0.14's
+   worker (``benchmarks/results/weight_push.md``) can be left out. Upstream behaviour: TorchRL 0.14's
    ``SharedMemWeightSyncScheme._setup_connection_and_weights_on_receiver_impl`` puts the tensors it receives
    into the worker's policy with ``apply_weights(model, weights, inplace=False)``, and
    ``MultiCollector._setup_multi_policy_and_weights`` moves a CPU policy's own parameters to shared memory in
@@ -93,8 +93,8 @@ that reason). Each is looked up where it is used and has a public fallback taken
 ``tests/test_torch_compat.py`` takes each away and checks the fallback's numbers.
 
 T1. ``torch._fused_adam_`` and ``torch._foreach_add_``, in ``optim.py``: ``AdamStep``. Why: the kernel of
-   ``torch.optim.Adam(fused=True)`` without ``Optimizer.step``'s Python around it (0.15-0.35 ms of a ~3 ms
-   V-RACER update; ``AdamStep``'s docstring).
+   ``torch.optim.Adam(fused=True)`` without ``Optimizer.step``'s Python around it (a measurable share of
+   a V-RACER update; ``AdamStep``'s docstring).
    Upstream behaviour: torch's ``adam._fused_adam`` adds 1 to the ``step`` tensors with ``_foreach_add_`` and calls
    ``_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, amsgrad=, lr=, beta1=, beta2=,
    weight_decay=, eps=, maximize=, grad_scale=, found_inf=)``; ``tests/test_optim.py`` compares the two steps bit
@@ -102,8 +102,8 @@ T1. ``torch._fused_adam_`` and ``torch._foreach_add_``, in ``optim.py``: ``AdamS
    same bits (:func:`has_fused_adam`).
 T2. ``torch._foreach_norm`` and ``torch._foreach_mul_``, through :func:`foreach_norm` and :func:`foreach_mul_`.
    Used by ``trainer.py``: ``Trainer.clip_gradients``. Why: the global gradient norm and the rescaling as
-   ``clip_grad_norm_(foreach=True)`` computes them, without its grouping by device and dtype (38 instead of 63 us
-   a call for ACER CartPole's network).
+   ``clip_grad_norm_(foreach=True)`` computes them, without its grouping by device and dtype
+   (``Trainer.clip_gradients``'s docstring).
    Upstream behaviour: ``_foreach_norm(tensors)`` returns each tensor's 2-norm,
    ``_foreach_mul_(tensors, scalar_tensor)`` multiplies each in place. Fallbacks: ``torch.linalg.vector_norm``
    and ``Tensor.mul_`` per tensor (``clip_grad_norm_(foreach=False)``'s; the same bits on CPU).

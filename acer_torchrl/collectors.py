@@ -123,7 +123,7 @@ class SharedWeightsScheme(SharedMemWeightSyncScheme):
 
     TorchRL's ``send()`` still extracts the weights anew, copies them over the shared tensors (onto themselves,
     here), and sends each worker's receiver thread a message to apply the shared tensors (again onto
-    themselves), then waits for every acknowledgement: 9-25 ms of the learner's time a push on two loaded CPU
+    themselves), then waits for every acknowledgement: milliseconds of the learner's time a push on loaded CPU
     cores (``benchmarks/results/weight_push.md``). Here ``update_policy_weights_()`` with no weights copies the
     collector's policy into the shared tensors where they are apart from it (nothing, for the policy handed to
     :func:`make_collector`), with one fused copy, and returns: the workers act with those weights from their

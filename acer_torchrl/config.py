@@ -110,7 +110,7 @@ class Config:
     gamma: float = 0.99  # discount
     device: str = "auto"  # learner device: auto | cpu | cuda | cuda:<index> (acting stays on CPU)
     # the learner's torch intra-op threads; 0: the cores the collector workers leave free (at least 1).
-    # More threads than free cores make every op wait for a core (~0.5 ms each, measured).
+    # More threads than free cores make every op wait for a core (measured: benchmarks/results/learner.md).
     threads: int = 0
     # torch.compile the learner's feed-forward networks (torso and heads, forward and backward; the loss's own
     # arithmetic stays eager): the same numbers; the first updates wait for the compilation (~30-60 s on a CPU). For a

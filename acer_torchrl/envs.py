@@ -7,7 +7,7 @@ preprocessing (no-op starts, frame skip with a max-pool of the last two frames, 
 frame stack) is done by ale-py's C++ vector env, without OpenCV. TorchRL wraps the result
 (``GymWrapper``) and appends ``InitTracker`` ("is_init"), ``StepCounter`` ("step_count"), ``RewardSum``
 ("episode_reward") and any extra transforms (e.g. the primers of recurrent policies). Each TorchRL
-transform costs about 0.1 ms per (batched) step, ten CartPole steps, hence this split.
+transform costs as much per (batched) step as ten CartPole steps, hence this split.
 
 Several envs per collector worker (``EnvConfig.num_envs > 1``) are stepped together in one TorchRL env:
 gymnasium's ``SyncVectorEnv`` (or ale-py's vector env) with autoreset disabled, TorchRL resetting the

@@ -146,7 +146,7 @@ class FrameStore:
         return (observation[:, : self.stack] if current else None), following_obs
 
     def _frames(self, ids: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
-        """The frames of ``ids`` (any shape), by one index_select on the flat ids (~10x faster than advanced
+        """The frames of ``ids`` (any shape), by one index_select on the flat ids (much faster than advanced
         indexing with a 2-D index). For another ``device`` than the ring's, each distinct frame is read and moved
         once and the ids are expanded there: the stacks of a sequence share most of their frames, and a
         ``[N, k + 1]`` gather moved whole would carry each of them ``k + 1`` times."""

@@ -45,8 +45,8 @@ def softsign_backward(grad: torch.Tensor, denominator: torch.Tensor) -> torch.Te
 
 class _SoftsignFunction(torch.autograd.Function):
     """``x / (1 + |x|)`` with its derivative ``1 / (1 + |x|)^2`` written out: autograd's backward through the
-    composite (``abs``, ``add``, ``div``) takes five full-size ops, this one two (V-RACER's 2x128 Softsign
-    network, fwd + bwd of one [256, 128] layer: 0.157 -> 0.090 ms on one core)."""
+    composite (``abs``, ``add``, ``div``) takes five full-size ops, this one two (timed on V-RACER's 2x128
+    Softsign network: ``benchmarks/results/learner.md``)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
@@ -274,7 +274,7 @@ class BehaviourSampler(nn.Module):
     ``MEAN``: what evaluation sets) the action is the argmax / the mean; otherwise (``RANDOM``, or none set) a
     sample, drawn as ``Categorical.sample`` / ``Normal.sample`` / ``TruncatedGaussian.sample`` draw it. It stands
     in for ``ProbabilisticActor`` on the acting path, which rebuilds a distribution object and its TensorDict
-    plumbing at every env step: ~0.4 of the ~1 ms a CartPole policy call costs per step
+    plumbing at every env step: a large share of a CartPole policy call
     (``benchmarks/results/learner.md``).
     """
 
@@ -307,8 +307,8 @@ class ActingPolicy(TensorDictSequential):
     """The acting policy's chain of modules. Called on a TensorDict, it runs them on tensors when every one is a
     plain ``TensorDictModule`` (:class:`~acer_torchrl.objectives.common.TensorCall`) and writes the same entries
     (every module's ``out_keys``) into it; otherwise (an LSTM core) it is the ``TensorDictSequential`` call. A
-    collector worker or an evaluation calls it once an env step: the TensorDict dispatch cost ~0.06 of the ~0.17 ms
-    a CartPole MLP policy call took (``benchmarks/results/learner.md``)."""
+    collector worker or an evaluation calls it once an env step: the TensorDict dispatch was a large
+    share of a CartPole MLP policy call (``benchmarks/results/learner.md``)."""
 
     def __init__(self, *modules: TensorDictModuleBase):
         super().__init__(*modules)

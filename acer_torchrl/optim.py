@@ -11,7 +11,7 @@ class AdamStep:
     """``optimizer.step()`` for the learner's fused Adam: the same kernel (``torch._fused_adam_``) with the same
     arguments, hence the same bits, without the Python ``Optimizer.step`` runs around it at every call (its profiling
     and step hooks, the dynamo and differentiable-mode guards, the state look-up and the grouping of every tensor by
-    device and dtype): 0.15-0.35 ms of a ~3 ms V-RACER update on one core, measured in the learner's loop. The kernel
+    device and dtype): a measurable share of a V-RACER update on one core, measured in the learner's loop. The kernel
     is a private torch op: ``tests/test_optim.py`` compares the two steps bit for bit over several steps, learning
     rates and a loaded state, and fails if its arguments or arithmetic change with a torch release; a torch without
     it takes ``optimizer.step()`` (``acer_torchrl/_torchrl_compat.py``, T1).

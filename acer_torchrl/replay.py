@@ -321,7 +321,7 @@ class EpisodeReplay:
 
         Past an episode's last stored step the slot repeats and the mask is False.
         """
-        links = self.next.numpy()  # NumPy on the same memory: a call on a batch of 32 costs ~1 us, torch's 3-5
+        links = self.next.numpy()  # NumPy on the same memory: on a batch of 32 a NumPy call costs less than torch's
         idx = np.empty((starts.numel(), length), dtype=np.int64)
         mask = np.empty((starts.numel(), length), dtype=bool)
         idx[:, 0], mask[:, 0] = starts.numpy(), True

@@ -119,7 +119,7 @@ class Trainer:
         if cfg.compile:
             self.loss.compile_networks(mode=cfg.compile_mode)
         params = [p for p in self.loss.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(  # fused: one kernel for all parameters (~3x faster on CPU)
+        self.optimizer = torch.optim.Adam(  # fused: one kernel for all parameters
             params, lr=cfg.optim.lr, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay, fused=True
         )
         self.optimizer_step = AdamStep(self.optimizer)  # optimizer.step(), the same kernel without its Python
@@ -298,8 +298,8 @@ class Trainer:
         With ``inf`` (no clipping) only the norm is computed, not a rescaling by 1 of every gradient.
 
         ``torch.nn.utils.clip_grad_norm_``'s arithmetic (the same bits) for parameters on one device and of one
-        dtype, as the learner's are (fused Adam needs that too), without its grouping: 38 instead of 63 us a call
-        for ACER CartPole's network."""
+        dtype, as the learner's are (fused Adam needs that too), without its grouping, which
+        costs more than the arithmetic for ACER CartPole's network."""
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = torch.linalg.vector_norm(torch.stack(foreach_norm(grads)))
         max_norm = self.cfg.optim.max_grad_norm
@@ -309,7 +309,7 @@ class Trainer:
 
     def fill_replay(self, steps: int, batches: Iterator[TensorDictBase] | None = None) -> None:
         """Store collected batches until the replay holds at least ``steps`` env steps, taking no update: a filled
-        replay for timing updates (``benchmarks/update_cost.py``) or comparing devices. From ``batches`` when
+        replay for timing updates (``benchmarks/learner.py update``) or comparing devices. From ``batches`` when
         given (the caller's collector, left open), else from a collector in this process, shut down after."""
         if batches is not None:
             while len(self.replay) < steps:
@@ -567,7 +567,7 @@ class Trainer:
         if c.env_steps >= c.next_eval or self._final_window_due(c.env_steps - steps, c.env_steps):
             c.next_eval += cfg.eval.interval * max(1, math.ceil((c.env_steps - c.next_eval + 1) / cfg.eval.interval))
             # the means of the updates' statistics since the last row, taken once a row: after every batch they cost
-            # 14 means over up to an interval's updates, ~6 ms a batch (~3 % of V-RACER's MuJoCo preset's run)
+            # 14 means over up to an interval's updates, a measurable share of V-RACER's MuJoCo preset's run
             metrics = {k: float(np.mean(v)) for k, v in window.items()}
             if returns:
                 metrics["train_return"] = float(np.mean(returns))

@@ -32,60 +32,21 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from tensordict import TensorDict
 
 from acer_torchrl import checkpoint, replay
 from acer_torchrl.checkpoint import load_checkpoint, save_checkpoint
 from acer_torchrl.replay import EpisodeReplay
+from synthetic import SyntheticAtari  # benchmarks/ is the script's directory
 
 EPISODE = 1_000  # steps of each synthetic episode
 STATE_FLOATS = 4 * 1_690_000  # the Atari preset's state.pt: 4 copies of a 1.69 M-parameter network
 
 
-def atari_batch(first: int, n_envs: int, T: int, frames: torch.Tensor) -> TensorDict:
-    """Steps ``first .. first + T - 1`` of ``n_envs`` envs, as the Atari preset's collector yields them
-    (``[n_envs, T]``); episodes of :data:`EPISODE` steps, a new trajectory id each. Observations are stacks of
-    4 consecutive ``frames`` (single frames of random bytes: the disk sees no difference), each step's next
-    stack its own shifted by one frame, as ale-py's are."""
-    step = first + torch.arange(T)
-    step_count = (step % EPISODE).expand(n_envs, T).unsqueeze(-1)
-    traj = torch.arange(n_envs).unsqueeze(-1) + n_envs * (step // EPISODE)
-    done = step_count == EPISODE - 1
-    stacks = lambda at: frames[(at.unsqueeze(-1) + torch.arange(4)) % frames.shape[0]]  # noqa: E731
-    obs = stacks(step).expand(n_envs, T, 4, *frames.shape[1:])
-    shape = (n_envs, T)
-    return TensorDict(
-        {
-            "observation": obs,
-            "action": torch.randint(0, 6, shape),
-            "is_init": step_count == 0,
-            "step_count": step_count,
-            "episode_reward": torch.zeros(*shape, 1),
-            "done": torch.zeros(*shape, 1, dtype=torch.bool),
-            "terminated": torch.zeros(*shape, 1, dtype=torch.bool),
-            "truncated": torch.zeros(*shape, 1, dtype=torch.bool),
-            ("collector", "traj_ids"): traj,
-            ("behaviour", "logits"): torch.randn(*shape, 6),
-            ("behaviour", "log_prob"): torch.randn(shape),
-            ("next", "observation"): stacks(step + 1).expand(n_envs, T, 4, *frames.shape[1:]),
-            ("next", "is_init"): torch.zeros(*shape, 1, dtype=torch.bool),
-            ("next", "step_count"): step_count + 1,
-            ("next", "episode_reward"): torch.zeros(*shape, 1),
-            ("next", "reward"): torch.randn(*shape, 1).sign(),
-            ("next", "done"): done,
-            ("next", "terminated"): done.clone(),
-            ("next", "truncated"): torch.zeros(*shape, 1, dtype=torch.bool),
-        },
-        batch_size=shape,
-    )
-
-
 def filled_replay(steps: int, scratch_dir: Path | None, layout: dict, n_envs: int = 2, T: int = 500) -> EpisodeReplay:
-    """An ``EpisodeReplay`` of ``steps`` slots holding ``steps`` synthetic Atari steps (:func:`atari_batch`)."""
+    """An ``EpisodeReplay`` of ``steps`` slots holding ``steps`` synthetic Atari steps of ``n_envs`` envs."""
     rb = EpisodeReplay(steps, scratch_dir=scratch_dir, seed=0, **layout)
-    frames = torch.randint(0, 256, (997, 84, 84), dtype=torch.uint8)
-    for first in range(0, steps // n_envs, T):
-        rb.extend(atari_batch(first, n_envs, min(T, steps // n_envs - first), frames))
+    for batch in SyntheticAtari(n_envs, episode=EPISODE).batches(steps, T):
+        rb.extend(batch)
     return rb
 
 

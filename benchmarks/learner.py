@@ -1,6 +1,14 @@
-"""Learner speed against its compute floor, per preset, in one run (issue 19).
+"""Learner speed against its compute floor, per preset, in one run (issue 19); and where the learner's time goes.
 
     python benchmarks/learner.py [--only acer:cartpole vracer:mujoco ...] [--frames N] [--out results/learner.json]
+    python benchmarks/learner.py update <algo> <preset> [--updates 300] [--store] [--wrap] [--profile] [key=value ...]
+    python benchmarks/learner.py devices <algo> <preset> [--devices cuda cpu] [--updates 200] [--out rows.json] ...
+    python benchmarks/learner.py phase <run dir> [more run dirs] [--from 25000]
+    python benchmarks/learner.py same-numbers <algo> <preset> [--updates 1500] [key=value ...]
+
+``update`` (the CPU time of one update), ``devices`` (updates/s on each device), ``phase`` (env steps/s of runs
+once learning) and ``same-numbers`` (a speed-up changed no number) are told in their functions' docstrings
+(``--help`` prints them). With no such word first, the end-to-end comparison with the floor:
 
 For each preset, one after the other on the same cores:
 
@@ -30,23 +38,31 @@ values, the trust region), acting in the workers and evaluation: it is a lower b
 from __future__ import annotations
 
 import argparse
+import cProfile
+import csv
 import datetime
+import hashlib
+import itertools
 import json
 import os
 import platform
+import pstats
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from tensordict import TensorDictBase
 from torch import nn
 
 from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info
 from acer_torchrl.modules import make_encoder
+from acer_torchrl.replay import TRAJ_KEY
 from acer_torchrl.trainer import Trainer, learner_threads
 from throughput import plain_loop  # benchmarks/throughput.py: the plain gymnasium loop
 
@@ -188,21 +204,283 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join([head, *lines])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def floor_comparison(argv: list[str]) -> None:
+    """The end-to-end comparison of the presets with their floor (the module's docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=list(PRESETS), default=list(PRESETS), metavar="ALGO:PRESET")
     parser.add_argument("--frames", type=int, default=None, help="env steps of every end-to-end run")
     parser.add_argument("--floor-updates", type=int, default=200, help="bare gradient steps timed per preset")
     parser.add_argument("--env-seconds", type=float, default=5.0, help="seconds of the plain gymnasium loop")
     parser.add_argument("--acting-frames", type=int, default=10_000, help="env steps of the acting-alone run")
     parser.add_argument("--out", type=Path, default=RESULTS / "learner.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = [measure(name, args.frames, args.floor_updates, args.env_seconds, args.acting_frames) for name in args.only]
     machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
     record = {"date": datetime.date.today().isoformat(), "machine": machine, "command": " ".join(sys.argv), "rows": rows}
     args.out.write_text(json.dumps(record, indent=2))
     print(f"\n{machine}, {record['date']}: `python {' '.join(sys.argv)}`\n")
     print(markdown(rows))
+
+
+def restored(recorded: list[TensorDictBase]) -> Iterator[TensorDictBase]:
+    """``recorded`` batches over and over, each pass under trajectory ids no earlier pass used (new episodes)."""
+    shift = 1 + max(int(b.get(TRAJ_KEY).max()) for b in recorded)
+    for n in itertools.count(1):
+        for batch in recorded:
+            batch = batch.clone()
+            batch.set(TRAJ_KEY, batch.get(TRAJ_KEY) + n * shift)
+            yield batch
+
+
+def update_cost(argv: list[str]) -> None:
+    """CPU time of one learner update (drawing the batch, then the loss, backward, optimiser and the loss's
+    write-backs) on a filled replay, with no collector running: where the end-to-end figure's learner time goes.
+
+        python benchmarks/learner.py update vracer mujoco --updates 300 env.name=HalfCheetah-v5 replay.min_size=150000
+
+    Fills the replay to ``replay.min_size`` (+500) steps with the preset's acting policy in-process, then times
+    ``--updates`` updates of the trainer (one thread, ``time.process_time``). With ``--store`` newly collected
+    batches are stored between them as in a run (``Trainer.store``, then the loss's ``update_plan``): what a
+    loss rebuilds after the replay grows (V-RACER's eq. 8 tree) is counted, acting is not. ``--wrap`` fills the
+    replay past its capacity instead, a long run's steady state in which every stored batch evicts episodes: 2^15
+    collected steps are stored again and again under new trajectory ids (acting 2^18 steps in one thread would take
+    ~25 min), and so are the batches stored between timed updates (with ``--store``).
+    ``--profile`` prints cProfile's top entries instead of timing plainly (cProfile inflates Python-heavy parts
+    several-fold).
+
+        python benchmarks/learner.py update vracer mujoco --wrap --store --updates 2000 env.name=Hopper-v5
+    """
+    parser = argparse.ArgumentParser(prog="learner.py update", description=update_cost.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("algo")
+    parser.add_argument("preset")
+    parser.add_argument("--updates", type=int, default=300)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--store", action="store_true", help="store collected batches between updates, as in a run")
+    parser.add_argument("--wrap", action="store_true", help="fill the replay past its capacity (see above)")
+    args, overrides = parser.parse_known_args(argv)
+    run_dir = tempfile.mkdtemp()
+    cfg = load_config(args.algo, [f"preset={args.preset}", "collector.workers=0", f"run_dir={run_dir}/run",
+                                  "log.progress=false", *overrides])
+    trainer = Trainer(cfg)
+    torch.set_num_threads(1)  # acting at batch 1 with two threads is ~5x slower on a loaded 2-core machine
+    collector = trainer.make_collector(10**12)
+    batches = iter(collector)
+    if args.wrap:
+        recorded = []
+        while sum(b.numel() for b in recorded) < min(2**15, cfg.replay.capacity):
+            recorded.append(next(batches))
+        batches = restored(recorded)
+        while trainer.replay.steps_written <= cfg.replay.capacity:
+            trainer.store(next(batches))
+        trainer.loss.update_plan(trainer.rng)  # the fill's updates are not taken: timed ones come from --store
+    else:
+        trainer.fill_replay(max(2_000, cfg.replay.min_size + 500), batches)
+
+    def plan() -> list[float]:
+        """The updates the next stored batch pays for (without --store: the plan of the batches stored so far,
+        or one replay-only update once that is spent)."""
+        if args.store:
+            trainer.store(next(batches))  # timed by the caller
+            return trainer.loss.update_plan(trainer.rng)
+        return trainer.loss.update_plan(trainer.rng) or [0.0]
+
+    for _ in range(10):  # warm-up
+        trainer.update(trainer.draw_batch(0.0))
+
+    def timed() -> tuple[float, float, float]:
+        draw = update = store = 0.0
+        done = 0
+        while done < args.updates:
+            t0 = time.process_time()
+            shares = plan()
+            t1 = time.process_time()
+            store += t1 - t0
+            for share in shares[: args.updates - done]:
+                t0 = time.process_time()
+                sample = trainer.draw_batch(share)
+                t1 = time.process_time()
+                trainer.update(sample)
+                draw, update = draw + t1 - t0, update + time.process_time() - t1
+                done += 1
+        return draw, update, store
+
+    if args.profile:
+        profile = cProfile.Profile()
+        draw, update, store = profile.runcall(timed)
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
+    else:
+        draw, update, store = timed()
+    collector.shutdown()
+    n = args.updates
+    stored = f", storing batches {1e3 * store / n:.2f} ms" if args.store else ""
+    print(f"{args.algo}:{args.preset} ({len(trainer.replay)} stored steps): draw {1e3 * draw / n:.2f} ms, "
+          f"update {1e3 * update / n:.2f} ms{stored} per update (1 thread)")
+
+
+def timed_updates(trainer: Trainer, updates: int) -> float:
+    """Wall seconds of ``updates`` full updates (draw and update) of ``trainer`` after 10 warm-up ones."""
+    shares = [s for _ in range(updates) for s in trainer.loss.update_plan(trainer.rng)][:updates]
+    shares += [0.0] * (updates - len(shares))
+    for share in shares[:10]:
+        trainer.update(trainer.draw_batch(share))
+    start = time.perf_counter()
+    for share in shares:
+        trainer.update(trainer.draw_batch(share))
+    return time.perf_counter() - start
+
+
+def device_updates(argv: list[str]) -> None:
+    """Learner updates per second of a preset on each device (``device=cuda`` against ``device=cpu``), on one
+    replay filled once in-process, with no collector running: the learner's own ceiling on that machine.
+
+        python benchmarks/learner.py devices acer atari --devices cuda cpu --updates 200 --out results.json
+
+    Every device gets a trainer of its own (same seed, so the same initial weights) over the same stored steps;
+    each times ``--updates`` full updates (batch draw, loss, backward, clipping, Adam, target / average networks,
+    the loss's write-backs) by wall clock after 10 warm-up updates. The statistics of every update are read back
+    to the host (``Trainer.update`` does), so every timed update ends synchronised with the GPU.
+    """
+    parser = argparse.ArgumentParser(prog="learner.py devices", description=device_updates.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("algo")
+    parser.add_argument("preset")
+    parser.add_argument("--devices", nargs="+", default=["cuda", "cpu"])
+    parser.add_argument("--updates", type=int, default=200)
+    parser.add_argument("--stored", type=int, default=5_000, help="env steps in the replay before timing")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true", help="cProfile's top entries of each device's updates")
+    args, overrides = parser.parse_known_args(argv)
+    tmp = tempfile.mkdtemp()
+    base = [f"preset={args.preset}", "collector.workers=0", "log.progress=false", "replay.memmap=false",
+            f"replay.min_size={args.stored // 2}", *overrides]
+    filled = None
+    rows = []
+    for device in args.devices:
+        trainer = Trainer(load_config(args.algo, [*base, f"device={device}", f"run_dir={tmp}/{device}"]))
+        if filled is None:
+            trainer.fill_replay(args.stored)
+            filled = trainer.replay, trainer.online
+        trainer.replay, trainer.online = filled  # the same stored steps and the same online windows
+        if args.profile:
+            profile = cProfile.Profile()
+            seconds = profile.runcall(timed_updates, trainer, args.updates)
+            pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
+        else:
+            seconds = timed_updates(trainer, args.updates)
+        cfg = trainer.cfg
+        rows.append({"device": device, "updates": args.updates, "seconds": round(seconds, 3),
+                     "updates_per_s": round(args.updates / seconds, 1), "threads": torch.get_num_threads(),
+                     "batch": [cfg.replay.batch_size, trainer.loss.seq_len]})
+        print(f"{args.algo}:{args.preset} on {device}: {rows[-1]['updates_per_s']} updates/s "
+              f"(batch {cfg.replay.batch_size} x {trainer.loss.seq_len}, {torch.get_num_threads()} threads)", flush=True)
+    result = {"preset": f"{args.algo}:{args.preset}", "overrides": overrides, "stored_steps": len(filled[0]),
+              "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+              "cpus": os.cpu_count(), "machine": platform.machine(), "rows": rows}
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def learning_phase(run_dir: Path, start: int) -> dict:
+    """The learning-phase figures of one run directory (``metrics.csv`` and ``summary.json``)."""
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    first = next((r for r in rows if int(r["env_steps"]) >= start), None)
+    last = rows[-1]
+    if first is None or first is last:
+        raise SystemExit(f"{run_dir}: no two logged rows from {start} env steps on (its last: {last['env_steps']})")
+    steps = int(last["env_steps"]) - int(first["env_steps"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {
+        "run": str(run_dir),
+        "from": int(first["env_steps"]),
+        "to": int(last["env_steps"]),
+        "env_steps_per_s": round(steps / (float(last["wall_time_s"]) - float(first["wall_time_s"])), 1),
+        "whole_run_env_steps_per_s": summary["env_steps_per_s"],
+        "learner_cpu_per_wall_s": summary["learner_cpu_per_wall_s"],
+        "final_score": round(summary["eval_return_mean"], 1),
+    }
+
+
+def learning_phases(argv: list[str]) -> None:
+    """Env steps per second of runs once their updates have started (the learning phase), from their run directories.
+
+        python recipes/vracer.py preset=mujoco env.name=Hopper-v5 total_frames=100000 seed=1 run_dir=runs/hopper-s1
+        python benchmarks/learner.py phase runs/hopper-s1 [more run dirs] --from 25000
+
+    A run's whole-run figure (``summary.json``'s ``env_steps_per_s``) includes the warm-up, where the collectors fill
+    the replay at their own speed with no update (V-RACER's mujoco preset: 10 000 steps). This one is the env steps
+    between the first logged row at or after ``--from`` steps and the last row, over the wall time between them (each
+    row's ``wall_time_s`` is taken when its evaluation is asked for, so evaluations still being played do not count).
+    """
+    parser = argparse.ArgumentParser(prog="learner.py phase", description=learning_phases.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dirs", type=Path, nargs="+")
+    parser.add_argument("--from", dest="start", type=int, default=25000, help="env steps where the phase starts")
+    args = parser.parse_args(argv)
+    for run_dir in args.run_dirs:
+        print(json.dumps(learning_phase(run_dir, args.start)))
+
+
+def same_numbers(argv: list[str]) -> None:
+    """A fingerprint of a fixed-seed training run in one process, to show that a speed-up changed no number.
+
+        python benchmarks/learner.py same-numbers vracer mujoco --updates 1500 env.name=Hopper-v5 replay.min_size=3000
+        PYTHONPATH=<the code before> python benchmarks/learner.py same-numbers ...   # the same line, old code
+
+    Collects in the learner's process (``collector.workers=0``: no scheduling between processes, so the run is
+    deterministic), stores each batch and takes the loss's planned updates as ``Trainer.step`` does, until
+    ``--updates`` updates; prints their CPU time and the SHA-256 of every update's statistics, the loss's final
+    state (parameters and buffers) and, for an agent that keeps per-step estimates (V-RACER's ``VRACEREstimates``),
+    their statistics and stored columns.
+    Equal hashes: the same parameters, the same stored estimates and the same statistics at every update.
+    """
+    parser = argparse.ArgumentParser(prog="learner.py same-numbers", description=same_numbers.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("algo")
+    parser.add_argument("preset")
+    parser.add_argument("--updates", type=int, default=1500)
+    args, overrides = parser.parse_known_args(argv)
+    cfg = load_config(args.algo, [f"preset={args.preset}", "collector.workers=0", f"run_dir={tempfile.mkdtemp()}/run",
+                                  "log.progress=false", *overrides])
+    trainer = Trainer(cfg)
+    torch.set_num_threads(1)
+    collector = trainer.make_collector(10**12)
+    batches = iter(collector)
+    trainer.fill_replay(cfg.replay.min_size + 100, batches)
+    digest, done, cpu = hashlib.sha256(), 0, 0.0
+    while done < args.updates:
+        trainer.store(next(batches))
+        for share in trainer.loss.update_plan(trainer.rng):
+            sample = trainer.draw_batch(share)
+            if sample is None:
+                continue
+            start = time.process_time()
+            stats = trainer.update(sample)
+            cpu += time.process_time() - start
+            digest.update(repr(sorted(stats.items())).encode())
+            done += 1
+    collector.shutdown()
+    estimates = trainer.agent.estimates
+    state = {**trainer.loss.state_dict(), **(estimates.state_dict() if estimates is not None else {})}
+    for name, value in sorted(state.items()):
+        if isinstance(value, torch.Tensor):
+            digest.update(name.encode())
+            digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+    for name, column in sorted(getattr(getattr(estimates, "stored", None), "columns", {}).items()):
+        digest.update(name.encode())
+        digest.update(column.numpy().tobytes())
+    print(f"{args.algo}:{args.preset}: {done} updates, {1e3 * cpu / done:.2f} ms CPU each (update only, 1 thread); "
+          f"sha256 {digest.hexdigest()}")
+
+
+COMMANDS = {"update": update_cost, "devices": device_updates, "phase": learning_phases,
+            "same-numbers": same_numbers}
+
+
+def main() -> None:
+    command = COMMANDS.get(sys.argv[1] if len(sys.argv) > 1 else "", floor_comparison)
+    command(sys.argv[2:] if command is not floor_comparison else sys.argv[1:])
 
 
 if __name__ == "__main__":

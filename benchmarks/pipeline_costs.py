@@ -2,6 +2,9 @@
 
     python benchmarks/pipeline_costs.py <algo> <preset> [--seconds 60] [--out costs.json] [key=value ...]
     python benchmarks/pipeline_costs.py acer atari --seconds 90 replay.min_size=2000 device=cpu
+    python benchmarks/pipeline_costs.py push [--presets atari minatar] [--pushes 50] [--two-copies]
+
+``push`` times the weight push alone (its function's docstring; ``push --help``). Otherwise:
 
 Runs the recipe's :class:`~acer_torchrl.trainer.Trainer` as ``python recipes/<algo>.py`` would (real worker
 processes, the background evaluator, checkpoints when due) for ``--seconds`` of its learning phase (from the
@@ -27,9 +30,12 @@ is the share that the loop's own bookkeeping adds to the update time.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
+import statistics
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -39,7 +45,7 @@ import torch
 
 from acer_torchrl.config import load_config
 from acer_torchrl.trainer import Trainer
-from device_updates import timed_updates  # benchmarks/ is the script's directory
+from learner import timed_updates  # benchmarks/ is the script's directory
 
 PARTS = ("receive", "wait", "store", "draw", "update", "push", "checkpoint", "rest")
 
@@ -139,14 +145,15 @@ def breakdown(trainer: TimedTrainer, elapsed: float, updates: int) -> dict:
     }
 
 
-def main() -> None:
+def cost_breakdown(argv: list[str]) -> None:
+    """The breakdown of a run's main-process time per batch (the module's docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("algo")
     parser.add_argument("preset")
     parser.add_argument("--seconds", type=float, default=60.0, help="length of the timed learning phase")
     parser.add_argument("--alone", type=int, default=100, help="updates timed alone after the run")
     parser.add_argument("--out", type=Path, default=None, help="append the result as one JSON line")
-    args, overrides = parser.parse_known_args()
+    args, overrides = parser.parse_known_args(argv)
     run_dir = tempfile.mkdtemp(prefix="pipeline-costs-")
     cfg = load_config(args.algo, [f"preset={args.preset}", f"run_dir={run_dir}/run", "log.progress=false", *overrides])
     trainer = TimedTrainer(cfg)
@@ -174,6 +181,65 @@ def main() -> None:
     if args.out:
         with args.out.open("a") as f:
             f.write(json.dumps(result) + "\n")
+
+
+def push_times(preset: str, pushes: int, two_copies: bool) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of each of ``pushes`` pushes, one after each collected batch of the ACER ``preset``."""
+    cfg = load_config("acer", [f"preset={preset}", f"run_dir={tempfile.mkdtemp()}/run", "log.progress=false"])
+    trainer = Trainer(cfg)
+    if two_copies:
+        trainer.acting = copy.deepcopy(trainer.agent.policy)
+    wall, cpu = [], []
+    with trainer.make_collector(10**12) as collector:
+        batches = iter(collector)
+        next(batches)
+        for _ in range(pushes):
+            next(batches)
+            with torch.no_grad():
+                for p in trainer.agent.policy.parameters():
+                    p.mul_(1.0 + 1e-6)
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            trainer.sync_acting_policy()
+            collector.update_policy_weights_()
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.thread_time() - start_cpu)
+    return wall, cpu
+
+
+def weight_push(argv: list[str]) -> None:
+    """Main-process cost of the weight push after a batch: ``Trainer.sync_acting_policy()`` then the collector's
+    ``update_policy_weights_()``, as ``Trainer.step`` calls them, with the preset's real workers collecting.
+
+        python benchmarks/pipeline_costs.py push [--presets atari minatar] [--pushes 50] [--two-copies]
+
+    For each ACER preset: a trainer (its agent, its ``collector.workers`` worker processes) collects; after each
+    batch the learner's parameters are changed in place (as an update does), so that every push has new weights to
+    carry, and the push is timed: the learner's wall clock (``time.perf_counter``; on a loaded machine it also counts
+    the time the learner waited for a core) and its thread's CPU time (``time.thread_time``).
+    ``--two-copies`` gives the trainer an acting copy apart from the learner's policy, the path of a GPU learner
+    (``sync_acting_policy`` then copies; here CPU to CPU). Prints a markdown table for
+    ``benchmarks/results/weight_push.md``.
+    """
+    parser = argparse.ArgumentParser(prog="pipeline_costs.py push", description=weight_push.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=["atari", "minatar"])
+    parser.add_argument("--pushes", type=int, default=50)
+    parser.add_argument("--two-copies", action="store_true", help="an acting copy apart from the learner's policy")
+    args = parser.parse_args(argv)
+    print("| preset | acting policy | pushes | wall ms: median | mean | max | CPU ms: median | mean |")
+    print("|---|---|---|---|---|---|---|---|")
+    for preset in args.presets:
+        wall, cpu = ([1e3 * t for t in times] for times in push_times(preset, args.pushes, args.two_copies))
+        acting = "a copy" if args.two_copies else "the learner's"
+        print(f"| {preset} | {acting} | {len(wall)} | {statistics.median(wall):.3f} | {statistics.mean(wall):.3f} | "
+              f"{max(wall):.3f} | {statistics.median(cpu):.3f} | {statistics.mean(cpu):.3f} |", flush=True)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["push"]:
+        weight_push(sys.argv[2:])
+    else:
+        cost_breakdown(sys.argv[1:])
 
 
 if __name__ == "__main__":

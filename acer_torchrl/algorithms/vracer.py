@@ -107,7 +107,7 @@ class WrittenOutNetwork:
     written out (:class:`_NetworkFunction`): the matrix products and Softsign derivatives of the MLP, the heads'
     affine maps and Softplus. Autograd's ~20 nodes for it (``addmm`` and transposes per layer, the Softsign
     nodes, the heads' ``mul``/``add``/``softplus``/``expand``) cost as much as their arithmetic at V-RACER's batch
-    of 256 on one core: its forward and backward 0.83-0.90 -> 0.72-0.80 ms (``benchmarks/results/learner.md``).
+    of 256 on one core (``benchmarks/results/learner.md``).
     The loss calls it instead of the TensorDict network (:class:`~acer_torchrl.objectives.vracer.VRACERLoss`'s
     ``network_call``), and the trainer's update calls :meth:`evaluate` and :meth:`gradients` without autograd
     (``VRACERLoss.forward_backward``); :meth:`of` gives None for hidden activations other than :class:`Softsign`."""

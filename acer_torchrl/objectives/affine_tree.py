@@ -10,8 +10,8 @@ stored step, when episodes lie end to end).
 
 Everything is vectorised over the queried or updated positions; only an update loops over the tree's levels. The
 tree lives in NumPy arrays: its operations touch a few hundred entries per level, where a NumPy call costs
-~1 us and a torch call ~5-10 us (on 150k positions: a build 9x, a point update of 256 maps 6x, a query 2x
-faster than the same code in torch, measured on the project's 2-core VM); a full level is composed through
+a fraction of a torch call (a build, a point update and a query each faster than the same code in torch,
+``benchmarks/results/learner.md``); a full level is composed through
 strided slices, without gathers.
 """
 

@@ -83,7 +83,7 @@ class TensorCall:
     """A network of plain ``TensorDictModule`` objects (in a ``TensorDictSequential``, nested or not) called on tensors:
     each module's ``nn.Module`` on the tensors of its ``in_keys``, its outputs kept under its ``out_keys``, the
     same computation as the TensorDict call without its dispatch (key look-ups, a TensorDict for every module's
-    outputs: ~0.1 ms a call, a third of a 2x128 MLP's forward at batch 256 on one core).
+    outputs: a large share of a 2x128 MLP's forward at batch 256 on one core, ``benchmarks/results/learner.md``).
 
     :meth:`of` returns None for any other network (an LSTM core, a probabilistic module, a module with keyword
     inputs): call that one with a TensorDict. A functional loss's ``params.to_module(network)`` applies as to the

@@ -14,9 +14,9 @@ keep the layout cheap to maintain as steps are stored:
 
 After a stored batch only that tail is laid out again, its maps recomputed (a running episode's former last step
 is no longer last) and their ancestors recomposed: O(tail + log n), where sorting and rebuilding the whole replay
-cost ~35 ms after every 64-step batch at 2^18 stored steps. The layout starts afresh (one sort, one build) when its
-end reaches the tree's last leaf, or when the replay changed in a way these two facts do not cover (checked by
-counting the alive steps).
+after every 64-step batch cost more than the update at 2^18 stored steps. The layout starts afresh (one sort, one
+build) when its end reaches the tree's last leaf, or when the replay changed in a way these two facts do not cover
+(checked by counting the alive steps).
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ class ReFER(nn.Module):
     def far_share(self, rho: Tensor, where: Tensor | None = None) -> Tensor:
         """Fraction of far-policy weights among ``rho`` (any shape), or among those where ``where`` (bool, as many
         elements as ``rho``) holds: ``n_far / N`` of eq. 12 over the replay. Counted in NumPy: over a full
-        replay (2^18 steps) a masked gather and compare in torch costs ~3 ms an update, this ~0.1 ms."""
+        replay (2^18 steps) a masked gather and compare in torch costs far more."""
         far = far_policy(rho.detach().cpu().numpy().reshape(-1), self.c_max)
         n = far.size
         if where is not None:
@@ -173,7 +173,7 @@ class ReFER(nn.Module):
 class FarPolicyCount:
     """``n_far`` and ``N`` of eq. 12 over a replay's stored weights, kept between ``beta`` updates.
 
-    Counting far-policy weights over the whole replay after every update costs ~0.1 ms at 2^18 stored steps, yet
+    Counting far-policy weights over the whole replay after every update is a pass over 2^18 stored steps, yet
     between two counts the classification changes only where weights were written back: ``c_max`` (eq. 13)
     moves with the env steps, i.e. once per collected batch, not per update. So the count is taken afresh when
     ``c_max`` or the stored column's version changed (:meth:`share`), and otherwise corrected at the rewritten

@@ -87,8 +87,8 @@ class SlotEstimates:
         return self.columns[name][:n], self.links.alive[:n]
 
     def array(self, name: str) -> np.ndarray:
-        """Column ``name`` as a NumPy view (the per-update bookkeeping: a NumPy call on a few hundred
-        entries costs ~1 us, a torch call ~5)."""
+        """Column ``name`` as a NumPy view (the per-update bookkeeping: on a few hundred entries a NumPy
+        call costs a fraction of a torch call's dispatch)."""
         return self.columns[name].numpy()
 
     def read(self, name: str, slots: torch.Tensor) -> torch.Tensor:

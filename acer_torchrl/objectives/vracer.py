@@ -297,7 +297,7 @@ class VRACERLoss(ReplayLoss):
         """:meth:`forward`, with the gradient of its losses' sum in the ``.grad`` of ``params``: with the written-out
         network (``network_call``), Algorithm 3's ``g^ReF-ER`` (:func:`refer_terms`) through its written-out backward,
         without an autograd graph (what autograd computes from those two nodes, the same bits: ``tests/test_vracer.py``;
-        0.2-0.25 ms less than forward and ``backward()`` at V-RACER's batch of 256, ``benchmarks/results/learner.md``);
+        faster than forward and ``backward()`` at V-RACER's batch of 256, ``benchmarks/results/learner.md``);
         otherwise autograd (:meth:`ReplayLoss.forward_backward`)."""
         network = self.network_call
         if network is None:

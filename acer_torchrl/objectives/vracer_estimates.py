@@ -259,8 +259,8 @@ class VRACEREstimates:
         """What eq. 8 reads at ``slots``, each ``[k]``: the stored ``V`` and ``rhō = min(1, rho)``, the
         reward scaled by ``sigma_r`` (App. B), whether the step is its episode's last stored one, and the
         bootstrap there (0 when terminal, else the stored ``V(s_{k+1})``). In NumPy, as the rest of the
-        stored-estimate bookkeeping: a few hundred entries an update, where a NumPy call costs ~1 us and a
-        torch call ~5 (the same float32 arithmetic)."""
+        stored-estimate bookkeeping: a few hundred entries an update, where a NumPy call costs a fraction of a
+        torch call (the same float32 arithmetic)."""
         terminal = self.stored.array(TERMINAL)[slots]
         return {
             "reward": self.stored.array(REWARD)[slots] / (float(self.reward_scale) + self.epsilon),

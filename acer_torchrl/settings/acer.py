@@ -66,7 +66,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "gamma": 0.999,
         "total_frames": 50_000,
         "collector.workers": 2,
-        # 4 games a worker, stepped together: TorchRL's per-step cost (~1 ms here, 150x a CartPole step) is paid
+        # 4 games a worker, stepped together: TorchRL's per-step cost (over 100x a CartPole step) is paid
         # once for 4 frames (benchmarks/results/learner.md has the speed)
         "env.num_envs": 4,
         "collector.frames_per_batch": 64,
@@ -105,8 +105,8 @@ PRESETS: dict[str, dict[str, object]] = {
         "collector.workers": 8,
         # 16 games a worker: a batch is 16 windows of k = 20 steps, as large as a replayed batch, so that Poisson(4)
         # replay updates follow each on-policy one of equal size (Alg. 1's replay ratio). With 2 games a worker
-        # (40 steps a batch) every step was replayed ~8x as often and the learner held the run at 554 env steps/s;
-        # with 16: 2 996 (one H100, benchmarks/results/gpu.md, 2026-11-26)
+        # (40 steps a batch) every step was replayed ~8x as often and the learner held the run back
+        # (benchmarks/results/gpu.md has both rates)
         "env.num_envs": 16,
         "collector.frames_per_batch": 320,
         "replay.capacity": 800_000,

@@ -80,7 +80,7 @@ PRESETS: dict[str, dict] = {
         "gamma": 0.999,
         # a target network for the V-trace targets (not in the paper): without one the critic diverged at 0.999
         # (mean targets past 1 / (1 - gamma) = 1 000, then swinging) and the greedy policy fell with it;
-        # benchmarks/results/learning.md, 2026-11-24
+        # benchmarks/results/learning.md
         "laser.target_update": 50,
     },
     # CartPole without velocities: memory is needed; LSTM state refreshed from each episode's start (App. A.2)
@@ -130,14 +130,14 @@ PRESETS: dict[str, dict] = {
         **_ATARI,
         "env.name": "MinAtar/Breakout-v1",
         # 4 games a worker: a batch is [4, 19], the 4 online windows side by side rather than one game's 76
-        # steps; LASER's one update a batch leaves it acting-bound, and this ran 1 290-1 310 env steps/s against
-        # 685-706 with one game (30 000 steps, back to back, under load; 2026-11-24)
+        # steps; LASER's one update a batch leaves it acting-bound, and this ran at far
+        # more env steps/s than one game (benchmarks/results/learner.md)
         "env.num_envs": 4,
         # 4 updates a 76-step batch: each step is learned from ~32 times over its stay in the replay (4 updates x
         # (28 replayed windows x 19 steps / 76 + its online window)) instead of ~8 (ACER's preset: ~17). With
         # one update a batch Breakout's final scores were 12.1, 13.9, 10.4 (0/3 above the AC anchor 17.5,
         # `laser-minatar-breakout`); with 4, 35.6, 25.0, 27.2 (3/3, `laser-minatar-breakout-updates4` in
-        # benchmarks/results/learning.md) at 1 172 env steps/s alone on 2 cores: the learner had been idle
+        # benchmarks/results/learning.md) at a like speed: the learner had been idle
         "laser.updates_per_batch": 4,
         "gamma": 0.99,
         "total_frames": 2_000_000,

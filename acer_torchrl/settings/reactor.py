@@ -128,10 +128,10 @@ PRESETS = {
     },
     # MinAtar's encoder (Young & Tian 2019; Table 1's convolutions do not fit 10x10 grids) with MinAtar's discount
     # 0.99; 2M steps (issue 20's benchmark). 200 000 steps in RAM: uint8 [C, 10, 10] grids are at most 1 kB a
-    # step, the stored acting outputs a few hundred bytes. 4 games a collector worker (batches [4, 32]): 30 000
-    # steps ran at 797 env steps/s against 329 with one game (same loaded 2-core machine, back to back).
+    # step, the stored acting outputs a few hundred bytes. 4 games a collector worker (batches [4, 32]): far more
+    # env steps/s than one game (benchmarks/results/learner.md).
     # Not the Atari settings: with Table 1's LSTMs, lr 5e-5 and one update a 128-step batch (5 400 updates in
-    # 700 000 steps) Breakout stayed at a greedy 0.1-0.8 for 700 000 steps (seed 0, 2026-11-25); without the
+    # 700 000 steps) Breakout stayed at a greedy 0.1-0.8 for 700 000 steps (seed 0); without the
     # LSTMs (MinAtar's frames show the last move: its DQN and AC have none), lr 2.5e-4 (MinAtar's) and 4 updates
     # a batch it reached 3.1, 5.1, 7.9, 9.5 at 100-400k steps (one seed, `reactor-minatar-breakout-probe`
     # in benchmarks/results/learning.md). `network.lstm=true` is the recurrent comparison.

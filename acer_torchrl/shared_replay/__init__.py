@@ -22,7 +22,7 @@ sweep's keys, the per-agent configs, both drivers, the SLURM task and the result
 Why an RPC storage server rather than all-gathering new data into a replica on every rank: the sweep must
 hold one replay, not N (sec. 5.5: sharing "saves memory"), and agents may run at different speeds across
 machines; collectives would force lock-step and N copies. The price is one round trip per extend/sample
-(about 1 ms on one machine) and rank 0's RPC threads doing the replay's bookkeeping under a lock.
+and rank 0's RPC threads doing the replay's bookkeeping under a lock.
 """
 
 from acer_torchrl.shared_replay.server import AGENT_KEY, AgentReplay, RemoteReplay, SharedReplay, serve
