@@ -32,6 +32,10 @@ class ACERConfig:
     init_std: float = 0.3  # Gaussian policy std (sec. 6: fixed 0.3)
     learn_std: bool = False  # learn a state-independent std instead of the fixed one
 
+    def unused_keys(self, cfg: Config) -> dict[str, str]:
+        """The trust region's keys (its constraint and its average policy network), without it."""
+        return {} if self.trust_region else dict.fromkeys(("acer.delta", "acer.alpha"), "acer.trust_region=false")
+
     def validate(self, cfg: Config) -> None:
         """The checks across fields (each field's range is declared above)."""
         if self.on_policy is False and self.replay_ratio == 0:

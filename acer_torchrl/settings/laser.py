@@ -29,6 +29,11 @@ class LASERConfig:
     init_std: float = 0.5  # continuous actions: initial policy std
     learn_std: bool = True  # continuous actions: learn a state-independent std
 
+    def unused_keys(self, cfg: Config) -> dict[str, str]:
+        """The trust region's keys, without it."""
+        return {} if self.trust_region else dict.fromkeys(("laser.kl_threshold", "laser.kl_samples"),
+                                                          "laser.trust_region=false")
+
     def validate(self, cfg: Config) -> None:
         """The checks across fields (each field's range is declared above)."""
         if 0.0 < self.online_share < 1.0 and round(self.online_share * cfg.replay.batch_size) == 0:
