@@ -118,7 +118,9 @@ class Config:
     # torch.compile's mode (compile=true): reduce-overhead also records CUDA graphs (a CUDA learner only)
     compile_mode: str = "default"
     run_dir: str | None = None  # where the run writes (None: runs/<loss>-<env>-s<seed>-<time>)
-    resume: str | None = None  # a run directory to continue from its latest checkpoint
+    # a run directory to continue from its latest checkpoint; a changed setting is applied from there on if config.py's
+    # APPLIED_ON_RESUME lists it (total_frames, optim.*, eval.*, log.*, ...), else refused (env, loss, network, seed...)
+    resume: str | None = None
     overwrite: bool = False  # run_dir= may hold a finished run (summary.json, checkpoint): replace its files
     env: EnvConfig = field(default_factory=EnvConfig)
     collector: CollectorConfig = field(default_factory=CollectorConfig)

@@ -71,8 +71,8 @@ APPLIED = {
     "total_frames": (5000, lambda t: t.optimizer.param_groups[0]["lr"] == expected_lr(t)),
     "device": ("cpu", lambda t: t.device == torch.device("cpu")),
     "threads": (1, lambda t: torch.get_num_threads() == 1),
-    "compile": (True, lambda t: any(getattr(c, "_compiled", None) is not None for c in vars(t.loss).values())),
-    "compile_mode": ("max-autotune-no-cudagraphs", lambda t: True),  # compile's options (torch keeps no record)
+    "compile": (True, lambda t: len(t.compiled_modes) > 0),  # torch.compile's calls (the test records them)
+    "compile_mode": ("max-autotune-no-cudagraphs", lambda t: set(t.compiled_modes) == {"max-autotune-no-cudagraphs"}),
     "collector.workers": (1, lambda t: collector_options(t)["num_workers"] == 1),
     "collector.frames_per_batch": (40, lambda t: collector_options(t)["frames_per_batch"] == 40),
     # read from the trainer's config at each draw (Trainer.draw_batch)
@@ -134,7 +134,7 @@ def test_every_applied_key_has_its_check_here():
 
 
 @pytest.mark.parametrize("algo", list(PRESETS))
-def test_every_key_is_applied_to_the_live_run_or_refused_on_resume(tmp_path, algo):
+def test_every_key_is_applied_to_the_live_run_or_refused_on_resume(tmp_path, monkeypatch, algo):
     run_dir = tmp_path / "run"
     tiny_checkpoint(algo, run_dir)
     saved = load_config(algo, [f"resume={run_dir}"])
@@ -154,9 +154,11 @@ def test_every_key_is_applied_to_the_live_run_or_refused_on_resume(tmp_path, alg
            for k in applied if applicable(k)}
     if algo == "vracer":
         new["replay.seq_len"] = 1  # the only value it uses (test_settings_a_loss_cannot_use_are_refused)
-    threads = torch.get_num_threads()
+    threads, compiled_modes, compile_ = torch.get_num_threads(), [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled_modes.append(kw.get("mode")) or compile_(fn, **kw))
     trainer = Trainer(load_config(algo, [f"resume={run_dir}", *(f"{k}={v}" for k, v in new.items())]))
     try:
+        trainer.compiled_modes = compiled_modes
         trainer.new = flat_settings(trainer.cfg)
         trainer.evaluator_made = trainer.make_evaluator()
         trainer._start_clock()
