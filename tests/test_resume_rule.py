@@ -207,6 +207,8 @@ REFUSED = [
     ("laser", ["total_frames=500"], "total_frames=500 ends before the first update"),
     ("reactor", ["total_frames=900"], "give total_frames >= 1000"),
     ("acer", ["acer.on_policy=false", "total_frames=500"], "total_frames=500 ends before the first update"),
+    ("vracer", ["vracer.steps_per_update=5000", "total_frames=4000"], "give total_frames >= 5000"),
+    ("acer", ["env.name=InvertedPendulum-v5", "acer.replay_ratio=0"], "acer.replay_ratio=0 never updates on InvertedPendulum-v5"),
 ]
 
 
@@ -264,9 +266,10 @@ def test_help_shows_the_values_of_the_preset_given(capsys):
 
 
 @pytest.mark.integration
-def test_a_finished_run_resumed_for_nothing_writes_nothing(tmp_path):
+def test_a_finished_run_resumed_for_nothing_writes_nothing_and_further_trains_with_its_new_optimiser(tmp_path):
     """A real recipe run to its end, then resumed with a lower total_frames and another setting: the run says it
-    was already finished and no file of it changes (config.yaml was rewritten)."""
+    was already finished and no file of it changes (config.yaml was rewritten). Resumed with more steps and new
+    optimiser settings, it trains on with them (the checkpoint's optimiser had kept the saved ones)."""
     args = ["collector.workers=0", "collector.frames_per_batch=32", "replay.min_size=64", "replay.batch_size=4",
             "network.hidden=16", "eval.episodes=1", "eval.max_steps=50", "log.progress=false"]
     recipe = [sys.executable, str(ROOT / "recipes" / "acer.py")]
@@ -274,9 +277,16 @@ def test_a_finished_run_resumed_for_nothing_writes_nothing(tmp_path):
                            timeout=300)
     assert first.returncode == 0, first.stderr
     files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()}
+    files_summary = (tmp_path / "summary.json").read_text()
     again = subprocess.run([*recipe, f"resume={tmp_path}", "total_frames=32", "eval.episodes=2"], capture_output=True,
                            text=True, timeout=300)
     assert again.returncode == 0 and "nothing was changed" in again.stdout, again.stderr
     now = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()}
     changed = [str(p.relative_to(tmp_path)) for p in now if now[p] != files.get(p)]
     assert changed in ([], ["run.lock"]), changed  # the lock names its holder
+    further = subprocess.run([*recipe, f"resume={tmp_path}", "total_frames=96", "optim.eps=0.5",
+                              "optim.weight_decay=0.25"], capture_output=True, text=True, timeout=300)
+    assert further.returncode == 0, further.stderr
+    (group,) = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert (group["eps"], group["weight_decay"]) == (0.5, 0.25)
+    assert json.loads((tmp_path / "summary.json").read_text())["updates"] > json.loads(files_summary)["updates"]

@@ -46,6 +46,9 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     a: ACERConfig = cfg.algo
     if a.target_update and not info.discrete:
         raise ConfigError(f"acer.target_update is for discrete actions; {cfg.env.name} has continuous ones")
+    if a.replay_ratio == 0 and a.on_policy is None and not info.discrete:
+        raise ConfigError(f"acer.replay_ratio=0 never updates on {cfg.env.name}: with continuous actions ACER takes "
+                          "no on-policy update (sec. 6); raise acer.replay_ratio or set acer.on_policy=true")
     net = cfg.network
     torso = make_torso(info, net.hidden, net.activation, net.lstm_hidden if net.lstm else None)
     if info.discrete:
