@@ -184,7 +184,6 @@ class Config:
             if hasattr(section, "validate"):
                 section.validate(self)
 
-
     def unused_keys(self) -> dict[str, str]:
         """``{key: the setting that leaves it unused}`` for the keys this run reads nowhere: the shared sections'
         here, the algorithm's in its section's own ``unused_keys(cfg)`` (like ``validate``, per algorithm)."""
@@ -192,6 +191,7 @@ class Config:
             ("network.lstm_hidden", "replay.recurrent_state"), "network.lstm=false")
         algorithm_unused = getattr(self.algo, "unused_keys", None)
         return {**unused, **(algorithm_unused(self) if algorithm_unused else {})}
+
 
     def validate_compile(self) -> None:
         """``compile_mode`` only with ``compile=true``; CUDA graphs only on a CUDA learner; no LSTM core."""
