@@ -20,13 +20,16 @@ def run(recipe: str, overrides: list[str], stop_signals: StopSignals | None = No
     """Build the config of ``recipe`` with ``overrides`` and train; returns the run's summary dict. With
     ``stop_signals`` (installed), SIGINT / SIGTERM checkpoint and raise :class:`~acer_torchrl.processes.Interrupted`;
     ``remote`` (a :class:`~acer_torchrl.collectors.RemoteCollection`): collect on other nodes. A key given in
-    ``overrides`` that the run reads nowhere is said first, in a ``note:`` line on stderr."""
-    from acer_torchrl.trainer import train
+    ``overrides`` that the run reads nowhere is said in a ``note:`` line on stderr once the run is built (a refused
+    run ends with its one error line only)."""
+    from acer_torchrl.processes import RunGuard
+    from acer_torchrl.trainer import Trainer
 
     cfg = load_config(recipe, overrides)
+    trainer = Trainer(cfg, remote)
     for note in unused_settings(cfg, overrides):
         print(note, file=sys.stderr)
-    return train(cfg, stop_signals, remote)
+    return RunGuard(stop_signals).train(trainer)
 
 
 def help_text(recipe: str, preset: str | None = None) -> str:

@@ -235,12 +235,18 @@ UNUSED = [
 
 
 @pytest.mark.parametrize("algo, overrides, note", UNUSED, ids=[" ".join(c[1]) for c in UNUSED])
-def test_a_key_the_run_does_not_use_is_said_once_at_start(capsys, monkeypatch, algo, overrides, note):
-    monkeypatch.setattr("acer_torchrl.trainer.train", lambda cfg, *_: {"ran": cfg.loss})
-    assert cli.run(algo, overrides) == {"ran": algo}
+def test_a_key_the_run_does_not_use_is_said_once_at_start(tmp_path, capsys, monkeypatch, algo, overrides, note):
+    monkeypatch.setattr("acer_torchrl.processes.RunGuard.train", lambda guard, trainer: trainer.close() or {})
+    cli.run(algo, [f"run_dir={tmp_path / 'a'}", "collector.workers=0", *overrides])
     assert capsys.readouterr().err.splitlines() == [note]
-    assert cli.run(algo, [f"preset={PRESETS[algo]}"]) == {"ran": algo}  # presets and defaults hold such keys quietly
+    cli.run(algo, [f"run_dir={tmp_path / 'b'}", "collector.workers=0"])  # presets and defaults hold such keys quietly
     assert capsys.readouterr().err == ""
+    # a run refused once built (its directory holds another run) ends with its error line alone
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "summary.json").write_text("{}")
+    assert cli.main(algo, [f"run_dir={tmp_path / 'c'}", "collector.workers=0", *overrides]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: run_dir={tmp_path / 'c'} already holds a run")
 
 
 def test_an_on_policy_run_shorter_than_the_replay_warm_up_still_updates(tmp_path):
