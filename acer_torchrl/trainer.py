@@ -220,14 +220,14 @@ class Trainer:
                 raise ConfigError(f"resume={self.run_dir}: total_frames={cfg.total_frames} is below the "
                                   f"{c.env_steps} env steps the run already took; give total_frames >= {c.env_steps}")
             return
+        # the steps collected by the end (whole batches), all in the replay (its capacity is at least min_size); counted,
+        # not read from the replay: a sweep agent's shared replay is not served yet while its trainer is built
         needed = self.loss.stored_steps_before_first_update(cfg.replay.min_size)
         batch = cfg.collector.frames_per_batch
-        stored = len(self.replay) + math.ceil(remaining / batch) * batch
-        if c.updates == 0 and stored < needed:
+        if c.updates == 0 and c.env_steps + math.ceil(remaining / batch) * batch < needed:
             raise ConfigError(
-                f"total_frames={cfg.total_frames} ends before the first update: loss={cfg.loss} updates once the "
-                f"replay holds replay.min_size={cfg.replay.min_size} steps; give total_frames >= "
-                f"{c.env_steps + needed - len(self.replay)} or lower replay.min_size"
+                f"total_frames={cfg.total_frames} ends before the first update: loss={cfg.loss} takes it once {needed} "
+                f"steps are collected (replay.min_size={cfg.replay.min_size}); give total_frames >= {needed}"
             )
 
     def record_config(self) -> None:

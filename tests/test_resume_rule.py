@@ -202,8 +202,8 @@ REFUSED = [
     ("vracer", ["replay.seq_len=32"], "loss=vracer trains on single time steps: replay.seq_len=32 would be ignored"),
     ("reactor", ["replay.seq_len=1"], "replay.seq_len=1 is too short, the smallest that works is replay.seq_len=2"),
     ("reactor", ["reactor.updates_per_batch=0"], "reactor.updates_per_batch must be in (0, 1000], got 0.0"),
-    ("vracer", ["total_frames=1000"], "total_frames=1000 ends before the first update: loss=vracer updates once "
-                                      "the replay holds replay.min_size=2000 steps; give total_frames >= 2000"),
+    ("vracer", ["total_frames=1000"], "total_frames=1000 ends before the first update: loss=vracer takes it once "
+                                      "2000 steps are collected (replay.min_size=2000); give total_frames >= 2000"),
     ("laser", ["total_frames=500"], "total_frames=500 ends before the first update"),
     ("reactor", ["total_frames=900"], "give total_frames >= 1000"),
     ("acer", ["acer.on_policy=false", "total_frames=500"], "total_frames=500 ends before the first update"),
