@@ -46,9 +46,6 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     a: ACERConfig = cfg.algo
     if a.target_update and not info.discrete:
         raise ConfigError(f"acer.target_update is for discrete actions; {cfg.env.name} has continuous ones")
-    if a.replay_ratio == 0 and a.on_policy is None and not info.discrete:
-        raise ConfigError(f"acer.replay_ratio=0 never updates on {cfg.env.name}: with continuous actions ACER takes "
-                          "no on-policy update (sec. 6); raise acer.replay_ratio or set acer.on_policy=true")
     net = cfg.network
     torso = make_torso(info, net.hidden, net.activation, net.lstm_hidden if net.lstm else None)
     if info.discrete:
@@ -73,6 +70,9 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
             hidden_keys=torso.hidden_keys, on_policy=info.discrete if a.on_policy is None else a.on_policy,
         ),
     )
+    if not (loss.on_policy or loss.replay_ratio):  # acer.on_policy=false with it is refused by the config already
+        raise ConfigError(f"acer.replay_ratio=0 never updates on {cfg.env.name}: with continuous actions ACER takes "
+                          "no on-policy update (sec. 6); raise acer.replay_ratio or set acer.on_policy=true")
     updaters = [average_updater(loss, a.alpha, ("actor_network",))] if a.trust_region else []
     if a.target_update:
         updaters.append(target_updater(loss, a.target_update, ("value_network",)))
