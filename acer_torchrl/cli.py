@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable
 
 from acer_torchrl.checkpoint import CheckpointError
-from acer_torchrl.config import ConfigError, load_config, override_value
+from acer_torchrl.config import ConfigError, load_config, override_value, unused_settings
 from acer_torchrl.processes import HelperDied, Interrupted, StopSignals
 
 USER_ERRORS = (ConfigError, CheckpointError)
@@ -19,30 +19,39 @@ USER_ERRORS = (ConfigError, CheckpointError)
 def run(recipe: str, overrides: list[str], stop_signals: StopSignals | None = None, remote=None) -> dict:
     """Build the config of ``recipe`` with ``overrides`` and train; returns the run's summary dict. With
     ``stop_signals`` (installed), SIGINT / SIGTERM checkpoint and raise :class:`~acer_torchrl.processes.Interrupted`;
-    ``remote`` (a :class:`~acer_torchrl.collectors.RemoteCollection`): collect on other nodes."""
+    ``remote`` (a :class:`~acer_torchrl.collectors.RemoteCollection`): collect on other nodes. A key given in
+    ``overrides`` that the run reads nowhere is said in a ``note:`` line on stderr once the run is built (a refused
+    run ends with its one error line only)."""
+    from acer_torchrl.processes import RunGuard
     from acer_torchrl.shared_replay import refuse_sweep_resume
-    from acer_torchrl.trainer import train
+    from acer_torchrl.trainer import Trainer
 
     refuse_sweep_resume(override_value(overrides, "resume"))
-    return train(load_config(recipe, overrides), stop_signals, remote)
+    cfg = load_config(recipe, overrides)
+    trainer = Trainer(cfg, remote)
+    for note in unused_settings(cfg, overrides):
+        print(note, file=sys.stderr)
+    return RunGuard(stop_signals).train(trainer)
 
 
-def help_text(recipe: str) -> str:
-    """``--help``: the presets and every key with its value under the default preset, read from
+def help_text(recipe: str, preset: str | None = None) -> str:
+    """``--help``: the presets and every key with its value under ``preset`` (None: the default one), read from
     :mod:`acer_torchrl.settings` (which imports no torch, so that it prints at once)."""
-    from acer_torchrl.config import Config, flat_settings, set_key
+    from acer_torchrl.config import Config, flat_settings, set_key, unknown_preset
 
     settings = importlib.import_module(f"acer_torchrl.settings.{recipe}")
     (section,) = [v for v in vars(settings).values() if dataclasses.is_dataclass(v) and v.__module__ == settings.__name__]
-    default = settings.DEFAULT_PRESET
-    cfg = Config(loss=recipe, preset=default, algo=section())
-    for key, value in settings.PRESETS[default].items():
+    shown = preset or settings.DEFAULT_PRESET
+    if shown not in settings.PRESETS:
+        raise unknown_preset(shown, recipe, settings.PRESETS)
+    cfg = Config(loss=recipe, preset=shown, algo=section())
+    for key, value in settings.PRESETS[shown].items():
         set_key(cfg, key, value)
     keys = "\n".join(f"  {key}={value}" for key, value in flat_settings(cfg).items())
     return (
         f"usage: python recipes/{recipe}.py [preset=NAME] [key=value ...]\n"
-        f"presets: {', '.join(settings.PRESETS)} (default {default})\n"
-        f"keys, with their values under preset={default} (docs/config.md explains each, README.md the ideas):\n{keys}"
+        f"presets: {', '.join(settings.PRESETS)} (default {settings.DEFAULT_PRESET})\n"
+        f"keys, with their values under preset={shown} (docs/config.md explains each, README.md the ideas):\n{keys}"
     )
 
 
@@ -86,7 +95,11 @@ def interrupt_behind(err: BaseException) -> Interrupted | None:
 def run_from_command_line(recipe: str, argv: list[str], stops: StopSignals) -> int:
     """:func:`main`'s run, its signals handled by ``stops``: the exit code."""
     if any(arg in ("-h", "--help") for arg in argv):
-        print(help_text(recipe))
+        try:
+            print(help_text(recipe, override_value(argv, "preset")))
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         return 0
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     from acer_torchrl.trainer import TrainingError  # imports torchrl, which sets its logger to INFO

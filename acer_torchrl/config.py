@@ -119,7 +119,9 @@ class Config:
     # torch.compile's mode (compile=true): reduce-overhead also records CUDA graphs (a CUDA learner only)
     compile_mode: str = "default"
     run_dir: str | None = None  # where the run writes (None: runs/<loss>-<env>-s<seed>-<time>)
-    resume: str | None = None  # a run directory to continue from its latest checkpoint
+    # a run directory to continue from its latest checkpoint; a changed setting is applied from there on if config.py's
+    # APPLIED_ON_RESUME lists it (total_frames, optim.*, eval.*, log.*, ...), else refused (env, loss, network, seed...)
+    resume: str | None = None
     overwrite: bool = False  # run_dir= may hold a finished run (summary.json, checkpoint): replace its files
     env: EnvConfig = field(default_factory=EnvConfig)
     collector: CollectorConfig = field(default_factory=CollectorConfig)
@@ -184,6 +186,14 @@ class Config:
         for _, section in self.sections()[1:]:
             if hasattr(section, "validate"):
                 section.validate(self)
+
+    def unused_keys(self) -> dict[str, str]:
+        """``{key: the setting that leaves it unused}`` for the keys this run reads nowhere: the shared sections'
+        here, the algorithm's in its section's own ``unused_keys(cfg)`` (like ``validate``, per algorithm)."""
+        unused = {} if self.network.lstm else dict.fromkeys(
+            ("network.lstm_hidden", "replay.recurrent_state"), "network.lstm=false")
+        algorithm_unused = getattr(self.algo, "unused_keys", None)
+        return {**unused, **(algorithm_unused(self) if algorithm_unused else {})}
 
 
     def validate_compile(self) -> None:
@@ -383,6 +393,7 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
         if not saved.is_file():
             raise ConfigError(f"resume={given['resume']}: no config.yaml there (not a run directory?)")
         cfg = _saved_config(saved, given["resume"])
+        _refuse_branching(given["resume"], given.get("run_dir"))
         requested = {"loss": given.get("loss", recipe), "preset": given.get("preset")}
         for key, value in requested.items():
             if value is not None and value != getattr(cfg, key):
@@ -392,9 +403,7 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
                 set_key(cfg, key, value)
         cfg.run_dir = given["resume"]
         cfg.validate()
-        for key, (before, now) in resume_changes(cfg).items():
-            if is_run_defining(cfg, key):
-                raise _run_defining_change(given["resume"], key, before, now)
+        check_resume_changes(cfg)
         return cfg
 
     loss = given.get("loss", recipe or "acer")
@@ -403,9 +412,7 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
     preset = given.get("preset") or algorithm.default_preset
     if preset is not None:
         if preset not in algorithm.presets:
-            raise ConfigError(
-                f"unknown preset '{preset}' for loss={loss}; choose one of {', '.join(algorithm.presets)}"
-            )
+            raise unknown_preset(preset, loss, algorithm.presets)
         cfg.preset = preset
         for key, value in algorithm.presets[preset].items():
             set_key(cfg, key, value)
@@ -416,6 +423,30 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
     if preset is not None:
         _check_preset_fits_env(cfg, algorithm.presets)
     return cfg
+
+
+def unknown_preset(preset: str, loss: str, presets: dict[str, dict]) -> ConfigError:
+    """The one line refusing ``preset=<preset>``, which ``loss`` (its ``presets``) does not have."""
+    return ConfigError(f"unknown preset '{preset}' for loss={loss}; choose one of {', '.join(presets)}")
+
+
+def unused_settings(cfg: Config, overrides: list[str]) -> list[str]:
+    """A note for each key of ``overrides`` (the command line) that ``cfg``'s run reads nowhere
+    (:meth:`Config.unused_keys`): legitimately unused (e.g. a sweep over ``network.lstm``), so said once at start
+    rather than refused. Only the keys given are noted: presets and defaults hold such keys on purpose."""
+    unused = cfg.unused_keys()
+    return [f"note: {key}={value} has no effect with {unused[key]}" for key, value in parse_overrides(overrides)
+            if key in unused]
+
+
+def _refuse_branching(resume: str, run_dir: str | None) -> None:
+    """A resumed run trains on in its own directory: ``run_dir=`` naming another one (a branch of the run, which
+    would otherwise be ignored while the original trains on) is one :class:`ConfigError` line saying how to branch."""
+    if run_dir and Path(run_dir).resolve() != Path(resume).resolve():
+        raise ConfigError(
+            f"resume={resume} trains that run on in its own directory, not in run_dir={run_dir}; to branch it, copy "
+            f"the run (cp -r {resume} {run_dir}) and resume the copy: resume={run_dir}"
+        )
 
 
 def _check_preset_fits_env(cfg: Config, presets: dict[str, dict]) -> None:
@@ -436,15 +467,37 @@ def _check_preset_fits_env(cfg: Config, presets: dict[str, dict]) -> None:
     )
 
 
-# what the checkpoint's networks, optimiser state and replay were made for: a resumed run keeps them
-RUN_DEFINING_KEYS = ("loss", "preset", "gamma", "replay.capacity", "replay.memmap")
-RUN_DEFINING_SECTIONS = ("env.", "network.")
+# The one rule for settings on resume: a key is *applied* (named here: the resumed trainer sets it on its live objects
+# after the checkpoint is loaded, or reads it afresh at each use, see Trainer.apply_resumed_settings) or else
+# *run-defining*, refused if changed: the env, the loss and its section, the network, gamma, the seed and the replay's
+# shape, which the checkpoint's networks, optimiser state and replay were made for. A key not listed here is refused,
+# never silently ignored: a new key joins this list once a resume really applies it.
+APPLIED_ON_RESUME = (
+    "total_frames", "device", "threads", "compile", "compile_mode",
+    "collector.workers", "collector.frames_per_batch",
+    "replay.batch_size", "replay.seq_len", "replay.min_size", "replay.recurrent_state",
+    "optim.lr", "optim.eps", "optim.max_grad_norm", "optim.weight_decay", "optim.lr_end_factor",
+    "eval.interval", "eval.episodes", "eval.max_steps", "eval.background",
+    "log.progress", "log.tensorboard", "log.wandb", "log.checkpoint_interval",
+)
 RESUME_BOOKKEEPING = ("resume", "run_dir", "overwrite")  # where a run lives, not how it trains
 
 
-def is_run_defining(cfg: Config, key: str) -> bool:
-    """Whether changing ``key`` on resume would alter the run: its env, loss (the algorithm's section) or network."""
-    return key in RUN_DEFINING_KEYS or key.startswith((*RUN_DEFINING_SECTIONS, f"{cfg.loss}."))
+def is_run_defining(key: str) -> bool:
+    """Whether ``key`` (``section.field``; the algorithm's ``<loss>.field``) is refused if changed on resume: every
+    key that is neither applied to the resumed run (:data:`APPLIED_ON_RESUME`) nor where it lives."""
+    return key not in APPLIED_ON_RESUME and key not in RESUME_BOOKKEEPING
+
+
+def check_resume_changes(cfg: Config) -> dict[str, tuple[Any, Any]]:
+    """The changes a ``resume=<run_dir>`` config makes to that run's ``config.yaml`` (:func:`resume_changes`), all of
+    them applied ones; a one-line :class:`ConfigError` for the first run-defining one. What a resumed run (or a
+    sweep's agent) calls before it builds anything."""
+    changes = resume_changes(cfg)
+    for key, (before, now) in changes.items():
+        if is_run_defining(key):
+            raise _run_defining_change(cfg.resume, key, before, now)
+    return changes
 
 
 def _run_defining_change(run_dir: str, key: str, before: Any, now: Any) -> ConfigError:
@@ -453,8 +506,8 @@ def _run_defining_change(run_dir: str, key: str, before: Any, now: Any) -> Confi
         return ConfigError(f"resume={run_dir} is a {before} run, not {now}: continue it with python recipes/{before}.py "
                            f"resume={run_dir}")
     return ConfigError(
-        f"resume={run_dir}: {key}={now} differs from the run's {key}={before}; a resumed run keeps its env, loss "
-        "and network settings (start a new run with run_dir=<new dir> to change them)"
+        f"resume={run_dir}: {key}={now} differs from the run's {key}={before}; a resumed run keeps its "
+        "env, loss, network, gamma, seed and replay shape (start a new run with run_dir=<new dir> to change them)"
     )
 
 

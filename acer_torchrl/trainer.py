@@ -32,14 +32,14 @@ from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
-from acer_torchrl.config import Config, dump_yaml, resume_changes
+from acer_torchrl.config import Config, ConfigError, dump_yaml, resume_changes
 from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config, evaluation_seed
 from acer_torchrl.health import Health
 from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, make_loggers, os_reason,
                                   read_summary, save_learning_curve, write_summary)
 from acer_torchrl.objectives.common import objective
-from acer_torchrl.optim import AdamStep
+from acer_torchrl.optim import AdamStep, adam_settings
 from acer_torchrl.processes import RunGuard, StopSignals
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay
 from acer_torchrl.rundir import default_run_dir, prepare_run_dir
@@ -119,9 +119,8 @@ class Trainer:
         if cfg.compile:
             self.loss.compile_networks(mode=cfg.compile_mode)
         params = [p for p in self.loss.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(  # fused: one kernel for all parameters
-            params, lr=cfg.optim.lr, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay, fused=True
-        )
+        # fused: one kernel for all parameters
+        self.optimizer = torch.optim.Adam(params, **adam_settings(cfg.optim), fused=True)
         self.optimizer_step = AdamStep(self.optimizer)  # optimizer.step(), the same kernel without its Python
         self.params = params
         self.replay: Replay = self.make_replay()
@@ -135,10 +134,14 @@ class Trainer:
         self._bar = None  # the progress bar, while the clock runs
         self._awaiting: deque = deque()  # rows waiting for their evaluation: (env_steps, updates, wall_s, metrics)
         self._saved_steps: int | None = None  # env steps of the run's latest checkpoint (None: none yet)
-        if cfg.resume:
-            self._resume()
-        else:
-            dump_yaml(cfg, self.run_dir / "config.yaml")
+        try:
+            if cfg.resume:
+                self._resume()
+            self.check_an_update_comes()
+        except BaseException:  # refused: the directory is free again at once (not when this object is collected)
+            self._run_lock.close()
+            raise
+        self.record_config()
 
     def make_replay(self) -> Replay:
         """The replay this run stores its experience in. A shared-replay sweep overrides it to hand every
@@ -189,7 +192,47 @@ class Trainer:
             self.rng.bit_generator.state = self.counters.rng
         self.warn_of_repairs([self.log.load_existing(self.counters.env_steps), self.summary_damage()])
         self.sync_acting_policy()
-        self.record_resume_changes()
+        self.apply_resumed_settings()
+
+    def apply_resumed_settings(self) -> None:
+        """Set this config's applied settings (:data:`~acer_torchrl.config.APPLIED_ON_RESUME`) on what the checkpoint
+        restored with the saved run's values: the optimiser's hyper-parameters (its state dict holds the old ones)
+        and the evaluation and checkpoint schedules (the next multiple of each interval). The others are read from
+        ``self.cfg`` at each use, or by the objects built from it in :meth:`__init__` and :meth:`start`."""
+        for group in self.optimizer.param_groups:
+            group.update(adam_settings(self.cfg.optim), lr=self.learning_rate())
+        c, steps = self.counters, self.counters.env_steps
+        c.next_eval = (steps // self.cfg.eval.interval + 1) * self.cfg.eval.interval
+        c.next_checkpoint = (steps // self.cfg.log.checkpoint_interval + 1) * self.cfg.log.checkpoint_interval
+
+    def check_an_update_comes(self) -> None:
+        """A one-line :class:`ConfigError` for a run that would end before its first update (reporting the score of
+        an untrained policy): ``total_frames`` too low for the replay to reach what the loss's first update needs
+        (``replay.min_size``), or, on resume, lower than the steps the unfinished run already took."""
+        cfg, c = self.cfg, self.counters
+        remaining = cfg.total_frames - c.env_steps
+        if remaining <= 0:
+            if cfg.total_frames < c.env_steps and not (self.run_dir / "summary.json").is_file():
+                raise ConfigError(f"resume={self.run_dir}: total_frames={cfg.total_frames} is below the "
+                                  f"{c.env_steps} env steps the run already took; give total_frames >= {c.env_steps}")
+            return
+        # the steps collected by the end (whole batches), all in the replay (its capacity is at least min_size); counted,
+        # not read from the replay: a sweep agent's shared replay is not served yet while its trainer is built
+        needed = self.loss.stored_steps_before_first_update(cfg.replay.min_size)
+        batch = cfg.collector.frames_per_batch
+        if c.updates == 0 and c.env_steps + math.ceil(remaining / batch) * batch < needed:
+            raise ConfigError(
+                f"total_frames={cfg.total_frames} ends before the first update: loss={cfg.loss} takes it once {needed} "
+                f"steps are collected (replay.min_size={cfg.replay.min_size}); give total_frames >= {needed}"
+            )
+
+    def record_config(self) -> None:
+        """``config.yaml`` of a new run; for a resume, what it changed (:meth:`record_resume_changes`), unless the
+        run had already finished (nothing trains, and no file is touched)."""
+        if not self.cfg.resume:
+            dump_yaml(self.cfg, self.run_dir / "config.yaml")
+        elif self.finished_summary() is None:
+            self.record_resume_changes()
 
     def summary_damage(self) -> str | None:
         """What is wrong with the resumed run's ``summary.json`` when it cannot be read (None when it is whole or
@@ -277,8 +320,8 @@ class Trainer:
                 "the importance weights (behaviour statistics) in the collected data"
             )
         grad_norm = self.clip_gradients()
-        for group in self.optimizer.param_groups:  # the run's schedule x the loss's own annealing (ReF-ER eq. 13)
-            group["lr"] = self.cfg.optim.lr * self.lr_schedule() * self.loss.lr_scale()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate()
         self.optimizer_step()
         for updater in self.agent.updaters:
             updater.step()
@@ -329,6 +372,11 @@ class Trainer:
         self.agent.after_extend(self.replay)
         self.online.push(batch)
         return batch
+
+    def learning_rate(self) -> float:
+        """The optimiser's step size for the next update: ``optim.lr`` x the run's schedule x the loss's own
+        annealing (ReF-ER eq. 13)."""
+        return self.cfg.optim.lr * self.lr_schedule() * self.loss.lr_scale()
 
     def lr_schedule(self) -> float:
         """``optim.lr``'s factor at this point of the run: linear from 1 to ``optim.lr_end_factor``."""

@@ -70,6 +70,9 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
             hidden_keys=torso.hidden_keys, on_policy=info.discrete if a.on_policy is None else a.on_policy,
         ),
     )
+    if not (loss.on_policy or loss.replay_ratio):  # acer.on_policy=false with it is refused by the config already
+        raise ConfigError(f"acer.replay_ratio=0 never updates on {cfg.env.name}: with continuous actions ACER takes "
+                          "no on-policy update (sec. 6); raise acer.replay_ratio or set acer.on_policy=true")
     updaters = [average_updater(loss, a.alpha, ("actor_network",))] if a.trust_region else []
     if a.target_update:
         updaters.append(target_updater(loss, a.target_update, ("value_network",)))

@@ -254,6 +254,10 @@ class ACERLoss(ReplayLoss):
         ``Poisson(replay_ratio)`` replay updates."""
         return poisson_plan(rng, self.replay_ratio, self.on_policy)
 
+    def stored_steps_before_first_update(self, min_size: int) -> int:
+        """None with an on-policy update (the fresh batch, Alg. 1), else the replay's ``min_size``."""
+        return 0 if self.on_policy else super().stored_steps_before_first_update(min_size)
+
     # ------------------------------------------------------------------ networks
     def _evaluate(self, inputs: TensorDictBase | dict[NestedKey, torch.Tensor]) -> Mapping:
         """The learning network (actor then critic) on ``inputs``, its outputs by key."""

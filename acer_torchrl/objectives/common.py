@@ -52,6 +52,12 @@ class ReplayLoss(LossModule):
         (1.0: the freshest collected windows only, as ACER's on-policy update; 0.0: replay only)."""
         return [0.0]
 
+    def stored_steps_before_first_update(self, min_size: int) -> int:
+        """The env steps the replay must hold before this loss's first gradient step, given the trainer's
+        ``replay.min_size``: a replayed batch waits for ``min_size`` steps (at least one), a fresh one (an update
+        plan's share 1.0) for none. This loss's plan draws from the replay."""
+        return max(min_size, 1)
+
     def preprocess(self, batch: TensorDictBase) -> TensorDictBase:
         """Called on every collected batch before it is stored (e.g. to add columns written back later)."""
         return batch

@@ -231,6 +231,10 @@ class LASERLoss(ReplayLoss):
         """``updates_per_batch`` steps, each on a batch holding ``online_share`` fresh windows (sec. 3)."""
         return [self.online_share] * self.updates_per_batch
 
+    def stored_steps_before_first_update(self, min_size: int) -> int:
+        """None with fresh windows only (``online_share=1``), else the replay's ``min_size``."""
+        return 0 if self.online_share >= 1.0 else super().stored_steps_before_first_update(min_size)
+
     # ------------------------------------------------------------------ pieces
     def _unroll(self, td: TensorDictBase, mask: torch.Tensor) -> Mapping:
         """The network over the sequences, its outputs by key apart from ``td`` (behaviour keys stay apart); when

@@ -24,6 +24,7 @@ as the policy gradient and the batch mean counts the far-policy steps (with zero
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -360,6 +361,10 @@ class VRACERLoss(ReplayLoss):
         self.refer.advance(steps)
         self._pending_updates += steps / self.steps_per_update
         return batch
+
+    def stored_steps_before_first_update(self, min_size: int) -> int:
+        """The replay's ``min_size``, and at least ``F`` collected steps: the first gradient step is owed after ``F``."""
+        return max(super().stored_steps_before_first_update(min_size), math.ceil(self.steps_per_update))
 
     def update_plan(self, rng: np.random.Generator) -> list[float]:
         """One replay-only gradient step per ``F`` collected env steps (App. A, Algorithm 1)."""

@@ -32,6 +32,14 @@ class ACERConfig:
     init_std: float = 0.3  # Gaussian policy std (sec. 6: fixed 0.3)
     learn_std: bool = False  # learn a state-independent std instead of the fixed one
 
+    def unused_keys(self, cfg: Config) -> dict[str, str]:
+        """The trust region's keys (its constraint and its average policy network), without it; the replay's draw,
+        without replay updates (on-policy updates only)."""
+        unused = {} if self.trust_region else dict.fromkeys(("acer.delta", "acer.alpha"), "acer.trust_region=false")
+        if self.replay_ratio == 0:
+            unused.update(dict.fromkeys(("replay.batch_size", "replay.min_size"), "acer.replay_ratio=0"))
+        return unused
+
     def validate(self, cfg: Config) -> None:
         """The checks across fields (each field's range is declared above)."""
         if self.on_policy is False and self.replay_ratio == 0:

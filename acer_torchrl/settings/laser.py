@@ -29,6 +29,14 @@ class LASERConfig:
     init_std: float = 0.5  # continuous actions: initial policy std
     learn_std: bool = True  # continuous actions: learn a state-independent std
 
+    def unused_keys(self, cfg: Config) -> dict[str, str]:
+        """The trust region's keys, without it; the replay's draw, with fresh windows only."""
+        unused = {} if self.trust_region else dict.fromkeys(("laser.kl_threshold", "laser.kl_samples"),
+                                                            "laser.trust_region=false")
+        if self.online_share >= 1:
+            unused.update(dict.fromkeys(("replay.batch_size", "replay.min_size"), "laser.online_share=1"))
+        return unused
+
     def validate(self, cfg: Config) -> None:
         """The checks across fields (each field's range is declared above)."""
         if 0.0 < self.online_share < 1.0 and round(self.online_share * cfg.replay.batch_size) == 0:

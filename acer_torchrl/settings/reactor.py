@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from acer_torchrl.config import MAX_WIDTH
+from acer_torchrl.config import MAX_WIDTH, Config, ConfigError
 from acer_torchrl.objectives.names import PG_ESTIMATORS
 from acer_torchrl.validation import allowed
 
@@ -15,7 +15,7 @@ BEHAVIOUR_MODES = ("memorised", "learned")
 
 @allowed(lam="[0, 1]", pg=PG_ESTIMATORS, beta_c="[1, inf]", tislr_c="(0, inf)", behaviour=BEHAVIOUR_MODES,
          epsilon="[0, 1)", target_update="[1, inf)", entropy_coeff="[0, inf)", head_hidden=MAX_WIDTH,
-         updates_per_batch="[0, 1000]")
+         updates_per_batch="(0, 1000]")
 @dataclass
 class ReactorConfig:
     lam: float = 1.0  # Retrace lambda in c_s = lambda min(1, pi/mu) (eq. 2); sec. 4.2 also tries 0.9
@@ -28,6 +28,16 @@ class ReactorConfig:
     entropy_coeff: float = 0.1  # entropy bonus = entropy_coeff x mean action gap (sec. 3.5)
     head_hidden: int = 32  # width of the heads' hidden linear layer before its CReLU (Table 1)
     updates_per_batch: float = 1.0  # learner steps per collected batch (fractions drawn at random)
+
+    def unused_keys(self, cfg: Config) -> dict[str, str]:
+        """The keys of this section that the chosen policy-gradient estimator does not read."""
+        return {"reactor.tislr_c" if self.pg == "beta_loo" else "reactor.beta_c": f"reactor.pg={self.pg}"}
+
+    def validate(self, cfg: Config) -> None:
+        """The checks across fields (each field's range is declared above)."""
+        if cfg.replay.seq_len < 2:
+            raise ConfigError(f"loss=reactor learns from sequences: replay.seq_len={cfg.replay.seq_len} is too short, "
+                              "the smallest that works is replay.seq_len=2")
 
 
 # Table 1 and sec. 3.4 (Atari), shared by the atari and minatar presets

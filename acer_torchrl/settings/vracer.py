@@ -31,6 +31,9 @@ class VRACERConfig:
         """The checks across fields (each field's range is declared above)."""
         if cfg.network.lstm:
             raise ConfigError("loss=vracer trains on single time steps: network.lstm=true is not supported")
+        if cfg.replay.seq_len != 1:
+            raise ConfigError(f"loss=vracer trains on single time steps: replay.seq_len={cfg.replay.seq_len} would be "
+                              "ignored; drop it (replay.seq_len=1)")
 
 
 _PAPER = {  # App. A: MLP 2x128 Softsign, Adam lr 1e-4, gamma 0.995, N = 2^18, B = 256, F = 1
