@@ -245,6 +245,17 @@ def test_every_sweep_key_on_resume_is_refused_or_reaches_the_live_agents(tmp_pat
     run([f"resume={tmp_path}", "agents=2", "sweep.lr_factors=1,2"])  # the values it started with: accepted
     run([f"resume={tmp_path}"])
     assert [(s.agents, s.lr_factors, s.mode) for s, _ in driven] == [(2, [1.0, 2.0], "local")] * 2
+    # the base values the grid scales per agent: the same again (a requeued job passes its overrides again) is
+    # accepted, another is refused (the agents keep their saved values: it would be applied nowhere)
+    lr_factor, ent_factor = SweepConfig(agents=2, lr_factors=[1.0, 2.0]).factors(0)
+    base = {"optim.lr": started[0].optim.lr / lr_factor, "laser.entropy_coeff": started[0].algo.entropy_coeff / ent_factor,
+            "seed": started[0].seed}
+    run([f"resume={tmp_path}", *(f"{key}={value}" for key, value in base.items())])
+    assert [(c.optim.lr, c.algo.entropy_coeff, c.seed) for c in driven.pop()[1]] == own
+    for key, value in base.items():
+        other = value + 1 if key == "seed" else value * 2
+        with pytest.raises(ConfigError, match=rf"{key}={other}, but the sweep started with {key}="):
+            run([f"resume={tmp_path}", f"{key}={other}"])
     with pytest.raises(ConfigError, match="no readable sweep.json there"):
         run([f"resume={tmp_path / 'agent0'}"])
 

@@ -12,6 +12,7 @@ import contextlib
 import copy
 import csv
 import json
+import math
 import multiprocessing.connection
 import os
 import pickle
@@ -35,7 +36,7 @@ from acer_torchrl.envs import stacked_frames
 from acer_torchrl.metrics import finish_plot, new_plot
 from acer_torchrl.processes import HelperDied, Interrupted, RunGuard, StopSignals
 from acer_torchrl.replay import EpisodeReplay
-from acer_torchrl.rundir import default_run_dir, make_writable_dir
+from acer_torchrl.rundir import check_dir_name, default_run_dir, make_writable_dir
 from acer_torchrl.shared_replay.server import AgentReplay, RemoteReplay, SharedReplay, serve
 from acer_torchrl.trainer import Trainer, available_cores
 from acer_torchrl.validation import allowed, check_allowed
@@ -188,6 +189,7 @@ def refuse_sweep_resume(resume: str | None) -> None:
     resumed alone, an agent would go on without the sweep's shared replay (held by agent 0's checkpoint)."""
     if resume is None:
         return
+    check_dir_name(resume, "resume")  # before the path is first touched
     path = Path(resume)
     for sweep_dir, what in ((path, "a shared-replay sweep"),
                             (path.parent, f"an agent of the shared-replay sweep {path.parent}")):
@@ -198,6 +200,27 @@ def refuse_sweep_resume(resume: str | None) -> None:
 
 PER_AGENT_KEYS = ("optim.lr", "laser.entropy_coeff", "seed")  # agent i's: base x its grid factors, base seed + i
 SWEEP_LOSSES = {"laser": "LASER", "vracer": "V-RACER"}  # the losses whose agents can share one replay
+
+
+def refuse_changed_base_values(given: dict[str, str], agent0: Config, sweep: SweepConfig, sweep_dir: Path) -> None:
+    """A one-line :class:`ConfigError` when a resume gives a per-agent key (:data:`PER_AGENT_KEYS`) a base value other
+    than the one the sweep started with (agent 0's value over its grid factor): the agents keep their saved values, so
+    the new one would be recorded nowhere and applied nowhere. The same value (a requeued job passes its overrides
+    again) is accepted."""
+    lr_factor, ent_factor = sweep.factors(0)
+    started = {"optim.lr": agent0.optim.lr / lr_factor, "seed": agent0.seed}
+    if hasattr(agent0.algo, "entropy_coeff"):
+        started["laser.entropy_coeff"] = agent0.algo.entropy_coeff / ent_factor
+    for key, before in started.items():
+        if key not in given:
+            continue
+        try:
+            now = type(before)(given[key])
+        except ValueError:
+            now = given[key]
+        if now != before and not (isinstance(now, float) and math.isclose(now, before, rel_tol=1e-9)):
+            raise ConfigError(f"resume={sweep_dir}: {key}={given[key]}, but the sweep started with {key}={before:g}; "
+                              "a sweep's base values are fixed when it starts (start a new sweep to change it)")
 
 
 def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[Config]]:
@@ -218,6 +241,7 @@ def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[
             if not (sweep_dir / f"agent{i}" / "config.yaml").is_file():
                 raise ConfigError(f"resume={sweep_dir}: no agent{i}/config.yaml there (the sweep has {sweep.agents} agents)")
             cfgs.append(load_config(None, [f"resume={sweep_dir / f'agent{i}'}", *rest]))  # the loss it was saved with
+        refuse_changed_base_values(given, cfgs[0], sweep, sweep_dir)
         return sweep_dir, cfgs
     loss = given.get("loss", "laser")
     if loss not in SWEEP_LOSSES:
