@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Callable
 
 from acer_torchrl.checkpoint import CheckpointError
+from acer_torchrl.commands import shell_command
 from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.processes import Interrupted, StopSignals
 
@@ -38,7 +39,7 @@ def help_text(recipe: str) -> str:
         set_key(cfg, key, value)
     keys = "\n".join(f"  {key}={value}" for key, value in flat_settings(cfg).items())
     return (
-        f"usage: python recipes/{recipe}.py [preset=NAME] [key=value ...]\n"
+        f"usage: {shell_command(f'recipes/{recipe}.py')} [preset=NAME] [key=value ...]\n"
         f"presets: {', '.join(settings.PRESETS)} (default {default})\n"
         f"keys, with their values under preset={default} (docs/config.md explains each, README.md the ideas):\n{keys}"
     )
@@ -97,8 +98,9 @@ def run_from_command_line(recipe: str, argv: list[str], stops: StopSignals) -> i
         return 2
     if summary.get("already_finished"):
         print(f"{summary['run_dir']} already finished at {summary['env_steps']} env steps (total_frames="
-              f"{summary['total_frames']}); nothing was changed. To train it further: python recipes/{recipe}.py "
-              f"resume={summary['run_dir']} total_frames=<more than {summary['env_steps']}>")
+              f"{summary['total_frames']}); nothing was changed. To train it further: "
+              f"{shell_command(f'recipes/{recipe}.py', 'resume=' + summary['run_dir'])} "
+              f"total_frames=<more than {summary['env_steps']}>")
         return 0
     print(
         f"{summary['algorithm']} on {summary['env']}: {summary['env_steps']} env steps, final score "

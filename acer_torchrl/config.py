@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from acer_torchrl.commands import shell_command
 from acer_torchrl.rundir import check_dir_name
 from acer_torchrl.settings.env import EnvConfig
 from acer_torchrl.validation import INT64, ConfigError, allowed, check_allowed
@@ -450,8 +451,8 @@ def is_run_defining(cfg: Config, key: str) -> bool:
 def _run_defining_change(run_dir: str, key: str, before: Any, now: Any) -> ConfigError:
     """The one line refusing a resume of ``run_dir`` that would change its ``key`` from ``before`` to ``now``."""
     if key == "loss":  # e.g. recipes/laser.py resume=<an ACER run>
-        return ConfigError(f"resume={run_dir} is a {before} run, not {now}: continue it with python recipes/{before}.py "
-                           f"resume={run_dir}")
+        return ConfigError(f"resume={run_dir} is a {before} run, not {now}: continue it with "
+                           f"{shell_command(f'recipes/{before}.py', f'resume={run_dir}')}")
     return ConfigError(
         f"resume={run_dir}: {key}={now} differs from the run's {key}={before}; a resumed run keeps its env, loss "
         "and network settings (start a new run with run_dir=<new dir> to change them)"

@@ -32,6 +32,7 @@ from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
+from acer_torchrl.commands import shell_command
 from acer_torchrl.config import Config, dump_yaml, resume_changes
 from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config, evaluation_seed
@@ -368,7 +369,7 @@ class Trainer:
             self.evaluator = None
         if self._saved_steps is None:
             return None
-        return f"at {c.env_steps} env steps; continue with: python recipes/{self.cfg.loss}.py resume={self.run_dir}"
+        return f"at {c.env_steps} env steps; continue with: {shell_command(f'recipes/{self.cfg.loss}.py', f'resume={self.run_dir}')}"
 
     # ----------------------------------------------------- the step API (RunGuard, or a driver of several runs)
     def start(self) -> Iterator[TensorDictBase]:

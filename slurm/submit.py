@@ -42,6 +42,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from acer_torchrl.algorithms import REGISTRY
 from acer_torchrl.cli import with_stop_signals
 from acer_torchrl.cluster import RecipeJob
+from acer_torchrl.commands import shell_command
 from acer_torchrl.config import ConfigError, override_value, without_keys
 from acer_torchrl.metrics import read_summary
 from acer_torchrl.processes import Interrupted
@@ -326,7 +327,7 @@ def submit(args: argparse.Namespace) -> int:
         print(f"job {job.job_id}  run_dir {run['run_dir']}  log {job.paths.stdout}")
     if args.sweep:
         (top_dir / "sweep.json").write_text(json.dumps({"recipe": args.recipe, "sweep": args.sweep, "runs": runs}, indent=2))
-        print(f"sweep dir {top_dir}  (table: python slurm/submit.py tabulate {top_dir})")
+        print(f"sweep dir {top_dir}  (table: {shell_command('slurm/submit.py', 'tabulate', str(top_dir))})")
     if not (args.wait or args.local):
         return 0
     status = wait_stopping_with_the_jobs(args, jobs, runs)
@@ -409,7 +410,7 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
     if args.sweep or args.local:
         raise SubmitError(
             "laser_sweep is one job with one task per agent: set its grid with agents= and sweep.lr_factors= / "
-            "sweep.entropy_factors= (no --sweep); without SLURM run recipes/laser_sweep.py mode=processes"
+            f"sweep.entropy_factors= (no --sweep); without SLURM run {shell_command('recipes/laser_sweep.py', 'mode=processes')}"
         )
     plan_points(args.overrides, None)  # every override is key=value
     sweep, agent_overrides = parse_sweep_args(args.overrides)

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from acer_torchrl import algorithms
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm
 from acer_torchrl.cli import run
+from acer_torchrl.commands import shell_command
 from acer_torchrl.config import ConfigError
 from acer_torchrl.checkpoint import CheckpointError, write_manifest
 from acer_torchrl.modules import acting_policy, learning_module, make_torso
@@ -207,10 +209,14 @@ def test_signal_checkpoints_and_says_how_to_resume_in_one_line(tmp_path, sig):
     returncode, stderr, _ = signal_group(proc, sig)
     steps = json.loads((tmp_path / "checkpoint" / "counters.json").read_text())["env_steps"]
     assert returncode == 128 + sig and "Traceback" not in stderr, stderr
-    assert stderr.strip().splitlines()[-1] == (
-        f"interrupted at {steps} env steps; continue with: python recipes/acer.py resume={tmp_path}"
-    )
+    resume = shlex.join([sys.executable, str(ROOT / "recipes" / "acer.py"), f"resume={tmp_path}"])  # not "python"
+    assert stderr.strip().splitlines()[-1] == f"interrupted at {steps} env steps; continue with: {resume}"
     assert 64 <= steps < 100000 and not (tmp_path / "summary.json").exists()
+    # the printed command, typed where the run was started (no recipes/ there), finishes the run
+    again = subprocess.run(f"{resume} total_frames={steps}", shell=True, cwd=tmp_path, capture_output=True, text=True,
+                           env=os.environ, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "summary.json").read_text())["env_steps"] == steps
 
 
 def test_a_due_checkpoint_waits_for_the_evaluation_in_play_at_most_half_an_interval(tmp_path, probe_registered):
@@ -354,7 +360,8 @@ def test_resume_refuses_run_defining_changes_and_records_the_others(tmp_path, pr
         ("env.name=Acrobot-v1", "env.name=Acrobot-v1 differs"),
         ("network.hidden=32", "network.hidden=[32] differs from the run's network.hidden=[16]"),
         ("probe.online_steps=2", "probe.online_steps=2 differs from the run's probe.online_steps=1"),
-        ("loss=acer", f"resume={tmp_path} is a probe run, not acer: continue it with python recipes/probe.py resume={tmp_path}"),
+        ("loss=acer", f"resume={tmp_path} is a probe run, not acer: continue it with "
+                      f"{shell_command('recipes/probe.py', f'resume={tmp_path}')}"),
     ):
         with pytest.raises(ConfigError, match=re.escape(fragment)) as err:
             run("probe", [f"resume={tmp_path}", change])
@@ -512,5 +519,5 @@ def test_resuming_a_finished_run_changes_nothing_and_says_how_to_go_on(tmp_path,
     assert main("probe", [f"resume={tmp_path}"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == (f"{tmp_path} already finished at 64 env steps (total_frames=64); nothing was changed. To train it "
-                       f"further: python recipes/probe.py resume={tmp_path} total_frames=<more than 64>")
+                       f"further: {shell_command('recipes/probe.py', f'resume={tmp_path}')} total_frames=<more than 64>")
     assert {p: p.stat().st_mtime_ns for p in files} == files

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -355,7 +356,7 @@ def test_ctrl_c_on_a_sweep_says_what_each_agent_saved_and_how_to_resume(tmp_path
     assert returncode == 130 and "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == (
         f"interrupted at {steps[0]}, {steps[1]} env steps (agent by agent); continue with: "
-        f"python recipes/laser_sweep.py resume={tmp_path}"
+        f"{shlex.join([sys.executable, str(root / 'recipes' / 'laser_sweep.py'), f'resume={tmp_path}'])}"
     )
     result = run(["agents=2", f"resume={tmp_path}", f"total_frames={max(steps) + 64}"])
     assert [a["env_steps"] for a in result["agents"]] == [max(steps) + 64] * 2

@@ -7,6 +7,7 @@ no traceback; runs write only inside their run dir and never into an old run's; 
 import json
 import os
 import random
+import shlex
 import string
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from acer_torchrl.commands import shell_command
 from acer_torchrl.health import PATIENCE, Health
 from acer_torchrl.rundir import LOCK_FILE, RUN_FILES
 
@@ -185,7 +187,7 @@ def test_help_lists_presets_and_keys_without_importing_torch(tmp_path, algo, pre
                           timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == f"usage: python recipes/{algo}.py [preset=NAME] [key=value ...]"
+    assert lines[0] == f"usage: {shlex.join([sys.executable, str(ROOT / 'recipes' / f'{algo}.py')])} [preset=NAME] [key=value ...]"
     assert lines[1] == f"presets: {presets}"
     assert f"  {key}" in lines and any(line.startswith("  replay.capacity=") for line in lines)
     assert lines[-1] == "torch imported: False"
@@ -361,7 +363,7 @@ def test_help_anywhere_on_the_line_and_submit_takes_a_recipe_path(capsys):
 
     assert cli.main("acer", ["preset=atari", "seed=3", "--help"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: python recipes/acer.py") and "docs/config.md" in out
+    assert out.startswith(f"usage: {shell_command('recipes/acer.py')} [preset") and "docs/config.md" in out
     sys.path.insert(0, str(ROOT / "slurm"))
     try:
         import submit

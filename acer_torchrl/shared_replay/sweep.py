@@ -23,6 +23,7 @@ import submitit
 import torch
 from tensordict import TensorDictBase
 
+from acer_torchrl.commands import shell_command
 from acer_torchrl.config import (
     Config, ConfigError, _coerce, dump_yaml, load_config, override_value, parse_overrides, without_keys,
 )
@@ -204,7 +205,7 @@ def stop_line(sweep: SweepConfig, sweep_dir: Path) -> str:
         return "interrupted before every agent had a checkpoint: nothing to resume"
     steps = [json.loads((checkpoint / "counters.json").read_text())["env_steps"] for checkpoint in saved]
     return (f"interrupted at {', '.join(map(str, steps))} env steps (agent by agent); continue with: "
-            f"python recipes/laser_sweep.py resume={sweep_dir}")
+            f"{shell_command('recipes/laser_sweep.py', f'resume={sweep_dir}')}")
 
 
 # ---------------------------------------------------------------------------------------------- one rank per agent
