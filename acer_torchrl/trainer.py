@@ -441,11 +441,21 @@ class Trainer:
             bar.set_description_str("")
 
     def log_evaluations(self, results) -> None:
-        """Log the rows of finished evaluations (in the order they were asked for)."""
+        """Log the rows of finished evaluations (in the order they were asked for); with ``log.progress`` and no
+        terminal to draw the progress bar on (a SLURM log, a redirect), each is also one line on stderr."""
         for env_steps, mean, std in results:
             steps, updates, wall, metrics = self._awaiting.popleft()
             assert steps == env_steps, (steps, env_steps)
             self.log.row(steps, updates, wall, {**metrics, "eval_return_mean": mean, "eval_return_std": std})
+            if self.cfg.log.progress and not sys.stderr.isatty():
+                print(self.evaluation_line(), file=sys.stderr, flush=True)
+
+    def evaluation_line(self) -> str:
+        """The latest evaluation's row as a log line: env steps, greedy return, env steps/s since the row before."""
+        *_, before, row = [{"env_steps": 0, "wall_time_s": 0.0}, *self.log.rows]
+        rate = (row["env_steps"] - before["env_steps"]) / max(row["wall_time_s"] - before["wall_time_s"], 1e-9)
+        return (f"{self.run_dir.name}: {row['env_steps']}/{self.cfg.total_frames} env steps, greedy return "
+                f"{row['eval_return_mean']:.1f}, {rate:.0f} env steps/s")
 
     def finish(self) -> dict:
         """Final greedy evaluation (the periodic one when it fell on the last step), log row, checkpoint,
@@ -521,7 +531,9 @@ class Trainer:
     def _start_clock(self) -> None:
         """Start the wall clock, progress bar and metric window of a collection phase (before :meth:`step`)."""
         c = self.counters
-        self._bar = tqdm(total=self.cfg.total_frames, initial=c.env_steps, disable=not self.cfg.log.progress, unit="step")
+        # on a terminal only (tqdm's disable=None): in a log file its redraws pile up, ~2 KB/s of carriage returns
+        self._bar = tqdm(total=self.cfg.total_frames, initial=c.env_steps, disable=None if self.cfg.log.progress else True,
+                         unit="step")
         self._window: dict[str, list[float]] = {}
         self._returns: list[float] = []
         self._start = time.perf_counter() - c.wall_time_s

@@ -2,16 +2,21 @@
 real worker processes, run-directory contract, kill + resume without losing replay or step counts,
 corrupt checkpoints and bad input ending with one clear line."""
 
+import contextlib
 import copy
 import csv
+import fcntl
 import json
 import math
 import os
+import pty
 import re
 import shlex
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,6 +198,45 @@ def test_gpu_learners_acting_copy_is_written_in_place(tmp_path, probe_registered
     # the same tensors, which the collector moved to shared memory in place (their memory, not the objects, changed)
     assert all(acting.get(key) is t and t.is_shared() for key, t in tensors.items(True, True))
     assert (acting.data == learner.data).all() and not (acting.data == initial).all()
+
+
+def stderr_of(args: list[str], terminal: bool) -> str:
+    """What the command ``args`` (exit code 0) wrote to its stderr: a pseudo-terminal (``terminal``) or a pipe."""
+    if not terminal:
+        proc = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 x 100 (a new one has 0 columns)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    chunks = []
+    with contextlib.suppress(OSError):  # EIO once every process of the run closed the terminal
+        while chunk := os.read(leader, 4096):
+            chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    return b"".join(chunks).decode()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("terminal", [False, True], ids=["log-file", "terminal"])
+def test_progress_is_a_bar_on_a_terminal_and_a_line_per_evaluation_in_a_log(tmp_path, terminal):
+    """``log.progress`` (on by default): a tqdm bar when stderr is a terminal; in a log file (SLURM's, a redirect)
+    no bar, whose redraws piled up there as carriage returns (~2 KB/s), but one line per evaluation."""
+    args = [sys.executable, str(ROOT / "recipes" / "acer.py"), f"run_dir={tmp_path}", "total_frames=192",
+            "collector.workers=0", "eval.interval=64", *[a for a in FAST if not a.startswith("log.progress")]]
+    stderr = stderr_of(args, terminal)
+    with open(tmp_path / "metrics.csv") as f:
+        evaluations = [(int(r["env_steps"]), float(r["eval_return_mean"])) for r in csv.DictReader(f)]
+    assert [steps for steps, _ in evaluations] == [64, 128, 192]
+    if terminal:
+        assert "192/192" in stderr and "step/s]" in stderr and "greedy return" not in stderr, stderr
+        return
+    assert "\r" not in stderr and len(stderr.splitlines()) == 3, stderr
+    for line, (steps, mean) in zip(stderr.splitlines(), evaluations):
+        assert re.fullmatch(rf"{tmp_path.name}: {steps}/192 env steps, greedy return {mean:.1f}, \d+ env steps/s",
+                            line), line
 
 
 @pytest.mark.integration
