@@ -85,7 +85,7 @@ class EvalConfig:
 @allowed(checkpoint_interval="[1, inf)")
 @dataclass
 class LogConfig:
-    progress: bool = True  # a tqdm progress bar on a terminal; in a log file (stderr not a terminal) a line per evaluation
+    progress: bool = True  # a tqdm progress bar on a terminal; a line per evaluation in a log file (stderr)
     tensorboard: bool = False  # also write TensorBoard events (needs the [tensorboard] extra)
     wandb: bool = False  # also log to Weights & Biases, offline under <run_dir>/wandb (needs the [wandb] extra)
     checkpoint_interval: int = 10_000  # env steps between checkpoints (also written at the end)

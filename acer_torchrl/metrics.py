@@ -235,11 +235,14 @@ def read_summary(path: Path) -> dict | None:
 
 
 def save_learning_curve(log: MetricsLog, path: Path, title: str) -> None:
-    """The curve PNG, a log like metrics.csv: a write that fails is one warning line, not the run's end."""
+    """The curve PNG, written atomically (a run killed meanwhile leaves the one before); a log like metrics.csv: a
+    write that fails is one warning line, not the run's end."""
+    tmp = path.with_suffix(".tmp.png")  # the suffix names the format for matplotlib
     try:
-        plot_learning_curve(log, path, title)
+        plot_learning_curve(log, tmp, title)
+        os.replace(tmp, path)
     except OSError as err:
-        path.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         print(f"warning: cannot write {path} ({os_reason(err)}); metrics.csv holds the same curve", file=sys.stderr)
 
 

@@ -227,14 +227,18 @@ class Trainer:
             copy_weights_(TensorDict.from_module(self.acting), TensorDict.from_module(self.agent.policy))
 
     def checkpoint(self) -> None:
-        """Save the run (weights, optimiser, replay, counters); evaluations still being played are waited
-        for first, so that ``metrics.csv`` holds every evaluation up to the checkpoint's step."""
+        """Save the run (weights, optimiser, replay, counters) and its learning curve; evaluations still being played
+        are waited for first, so that ``metrics.csv`` and the curve hold every evaluation up to the checkpoint's step
+        (a killed run leaves the curve of the checkpoint it resumes from)."""
         if self.evaluator is not None:
             self.wait_for_evaluations()
         self.counters.rng = self.rng.bit_generator.state
         self.counters.health = self.health.state()
         save_checkpoint(self.run_dir, self.state(), vars(self.counters), self.replay)
         self._saved_steps = self.counters.env_steps
+        if self.log.rows:  # at checkpoints, not at every evaluation: a plot costs a good part of a checkpoint
+            title = f"{self.cfg.loss} on {self.cfg.env.name}"
+            save_learning_curve(self.log, self.run_dir / "learning_curve.png", title)
 
     # ------------------------------------------------------------------ learning
     def draw_batch(self, online_share: float) -> TensorDictBase | None:
@@ -369,7 +373,8 @@ class Trainer:
             self.evaluator = None
         if self._saved_steps is None:
             return None
-        return f"at {c.env_steps} env steps; continue with: {shell_command(f'recipes/{self.cfg.loss}.py', f'resume={self.run_dir}')}"
+        resume = shell_command(f"recipes/{self.cfg.loss}.py", f"resume={self.run_dir}")
+        return f"at {c.env_steps} env steps; continue with: {resume}"
 
     # ----------------------------------------------------- the step API (RunGuard, or a driver of several runs)
     def start(self) -> Iterator[TensorDictBase]:
@@ -458,8 +463,8 @@ class Trainer:
                 f"{row['eval_return_mean']:.1f}, {rate:.0f} env steps/s")
 
     def finish(self) -> dict:
-        """Final greedy evaluation (the periodic one when it fell on the last step), log row, checkpoint,
-        summary.json and learning curve."""
+        """Final greedy evaluation (the periodic one when it fell on the last step), log row, checkpoint (with the
+        learning curve) and summary.json."""
         cfg, c = self.cfg, self.counters
         self.wait_for_evaluations()
         last = self.log.rows[-1] if self.log.rows else {}
@@ -502,7 +507,6 @@ class Trainer:
         except OSError as err:
             raise TrainingError(f"cannot write {path} ({os_reason(err)}); the checkpoint holds the finished run: "
                                 f"resume={self.run_dir} writes its summary once the disk has room") from None
-        save_learning_curve(self.log, self.run_dir / "learning_curve.png", f"{cfg.loss} on {cfg.env.name}")
         return summary
 
     def make_collector(self, remaining: int):
@@ -531,9 +535,9 @@ class Trainer:
     def _start_clock(self) -> None:
         """Start the wall clock, progress bar and metric window of a collection phase (before :meth:`step`)."""
         c = self.counters
-        # on a terminal only (tqdm's disable=None): in a log file its redraws pile up, ~2 KB/s of carriage returns
-        self._bar = tqdm(total=self.cfg.total_frames, initial=c.env_steps, disable=None if self.cfg.log.progress else True,
-                         unit="step")
+        # on a terminal only (tqdm's disable=None): in a log file its redraws pile up as carriage returns
+        self._bar = tqdm(total=self.cfg.total_frames, initial=c.env_steps, unit="step",
+                         disable=None if self.cfg.log.progress else True)
         self._window: dict[str, list[float]] = {}
         self._returns: list[float] = []
         self._start = time.perf_counter() - c.wall_time_s

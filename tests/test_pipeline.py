@@ -200,6 +200,23 @@ def test_gpu_learners_acting_copy_is_written_in_place(tmp_path, probe_registered
     assert (acting.data == learner.data).all() and not (acting.data == initial).all()
 
 
+@pytest.mark.integration
+def test_a_killed_run_leaves_the_learning_curve_of_its_checkpoint(tmp_path):
+    """The curve PNG is written (atomically) with each checkpoint, not only when a run ends: SIGKILL after the first
+    checkpoint leaves a whole PNG of the evaluations that checkpoint holds."""
+    args = [sys.executable, str(ROOT / "recipes" / "acer.py"), f"run_dir={tmp_path}", "total_frames=100000",
+            "collector.workers=0", "eval.interval=64", "log.checkpoint_interval=128", *FAST]
+    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    curve = tmp_path / "learning_curve.png"
+    try:
+        wait_for(curve.exists, proc, 120)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert curve.read_bytes().startswith(b"\x89PNG") and curve.read_bytes().endswith(b"IEND\xaeB`\x82")
+    assert not (tmp_path / "summary.json").exists()
+
+
 def stderr_of(args: list[str], terminal: bool) -> str:
     """What the command ``args`` (exit code 0) wrote to its stderr: a pseudo-terminal (``terminal``) or a pipe."""
     if not terminal:
