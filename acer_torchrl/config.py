@@ -76,7 +76,7 @@ class NetworkConfig:
 @allowed(interval="[1, inf)", episodes="[1, inf)", max_steps="[1, inf)")
 @dataclass
 class EvalConfig:
-    interval: int = 5_000  # env steps between greedy evaluations (more at 90, 95, 100 % for the final score)
+    interval: int = 5_000  # env steps between greedy evaluations (more at 90, 95, 100 % of the run: the final score)
     episodes: int = 10  # greedy episodes per evaluation
     max_steps: int = 10_000  # per evaluation episode
     background: bool = True  # play evaluations in a process beside the learner (false: on the learner, between updates)

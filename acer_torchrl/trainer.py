@@ -615,8 +615,11 @@ class Trainer:
         return not self._awaiting or c.env_steps >= c.next_checkpoint + self.cfg.log.checkpoint_interval // 2
 
     def _final_window_due(self, before: int, after: int) -> bool:
-        """Whether this batch crossed one of the final-score window's evaluation points (90/95/100 %)."""
-        return any(before < step <= after for step in final_window_steps(self.cfg.total_frames))
+        """Whether this batch crossed one of the final-score window's evaluation points (:func:`final_window_steps`)
+        of the run's end: ``total_frames`` rounded up to whole batches from this one's start, as the collector does."""
+        per_batch = self.cfg.collector.frames_per_batch
+        end = before + math.ceil((self.cfg.total_frames - before) / per_batch) * per_batch
+        return any(before < step <= after for step in final_window_steps(end, per_batch))
 
 
 def train(cfg: Config, stop_signals: StopSignals | None = None, remote: RemoteCollection | None = None) -> dict:
