@@ -232,10 +232,11 @@ def recipe_name(given: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    prog = shell_command("slurm/submit.py")
     parser = argparse.ArgumentParser(
-        prog="python slurm/submit.py",
-        description="Submit a recipe run (or a sweep of them) through submitit. "
-        "`python slurm/submit.py tabulate SWEEP_DIR` prints a sweep's results.",
+        prog=prog,
+        description=f"Submit a recipe run (or a sweep of them) through submitit. `{prog} tabulate SWEEP_DIR` prints a "
+        "sweep's results.",
     )
     # a recipe's name, or its path as the local commands give it (recipes/acer.py)
     parser.add_argument("recipe", choices=sorted([*REGISTRY, SHARED_REPLAY_SWEEP]), type=recipe_name)
@@ -272,7 +273,7 @@ def checked_main(argv: list[str]) -> int:
     try:
         if argv[:1] == ["tabulate"]:
             if len(argv) != 2:
-                raise SubmitError("usage: python slurm/submit.py tabulate SWEEP_DIR")
+                raise SubmitError(f"usage: {shell_command('slurm/submit.py', 'tabulate')} SWEEP_DIR")
             print(tabulate(Path(argv[1])))
             return 0
         args = build_parser().parse_intermixed_args(argv)

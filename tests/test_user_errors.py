@@ -358,6 +358,16 @@ def test_a_benchmark_refuses_to_overwrite_a_committed_result_before_any_run(tmp_
     assert sorted(p.name for p in results.iterdir()) == ["acer-cartpole.json"]
 
 
+def test_the_sweep_recipe_takes_help_anywhere_and_names_its_interpreter(tmp_path):
+    """``recipes/laser_sweep.py ... --help`` as the other recipes take it (it was an error when not first), its
+    command line with the interpreter that runs, which works from any directory (not ``python recipes/...``)."""
+    script = str(ROOT / "recipes" / "laser_sweep.py")
+    proc = subprocess.run([sys.executable, script, "agents=2", "--help"], cwd=tmp_path, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.splitlines()[2].startswith(f"    {shlex.join([sys.executable, script])} [agents=3]"), proc.stdout
+
+
 def test_help_anywhere_on_the_line_and_submit_takes_a_recipe_path(capsys):
     from acer_torchrl import cli
 
