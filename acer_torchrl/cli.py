@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable
@@ -53,13 +55,17 @@ def main(recipe: str, argv: list[str] | None = None) -> int:
 
 def with_stop_signals(command: Callable[[StopSignals], int]) -> int:
     """``command``'s exit code, SIGINT / SIGTERM handled from here on by the :class:`StopSignals` it is given: a
-    stop ends with its one line on stderr and exit code 130 / 143."""
+    stop ends with its one line on stderr and exit code 130 / 143; a reader of stdout that went away (``--help |
+    head``) ends it quietly, with the shell's code for a closed pipe (141)."""
     stops = StopSignals().install()
     try:
         return command(stops)
     except Interrupted as stop:
         print(stop, file=sys.stderr)
         return stop.exit_code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # where Python's flush at exit writes
+        return 128 + signal.SIGPIPE
     except Exception as err:  # a signal inside a C extension's import comes back as "ImportError: initialization failed"
         stop = interrupt_behind(err)
         if stop is None:

@@ -368,6 +368,20 @@ def test_the_sweep_recipe_takes_help_anywhere_and_names_its_interpreter(tmp_path
     assert proc.stdout.splitlines()[2].startswith(f"    {shlex.join([sys.executable, script])} [agents=3]"), proc.stdout
 
 
+@pytest.mark.parametrize("recipe", ["acer", "laser_sweep"])
+def test_help_into_a_closed_pipe_ends_quietly(tmp_path, recipe):
+    """``recipes/<algo>.py --help | head -1``: the reader goes away before the help is written; the recipe ends
+    with the shell's code for a closed pipe and nothing on stderr (it printed a BrokenPipeError traceback)."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        proc = subprocess.run([sys.executable, str(ROOT / "recipes" / f"{recipe}.py"), "--help"], cwd=tmp_path, env=ENV,
+                              stdout=writer, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(writer)
+    assert (proc.returncode, proc.stderr) == (141, "")
+
+
 def test_help_anywhere_on_the_line_and_submit_takes_a_recipe_path(capsys):
     from acer_torchrl import cli
 
