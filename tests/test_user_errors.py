@@ -368,6 +368,17 @@ def test_the_sweep_recipe_takes_help_anywhere_and_names_its_interpreter(tmp_path
     assert proc.stdout.splitlines()[2].startswith(f"    {shlex.join([sys.executable, script])} [agents=3]"), proc.stdout
 
 
+def test_printed_commands_name_the_interpreter_from_where_they_are_typed(monkeypatch, tmp_path):
+    """The interpreter and script of a printed command: relative under the current directory (the README's
+    ``.venv/bin/python recipes/...``), absolute elsewhere, the venv's link kept (resolved, it would leave the venv);
+    every part quoted for the shell."""
+    monkeypatch.setattr(sys, "executable", str(ROOT / ".venv" / "bin" / "python"))
+    monkeypatch.chdir(ROOT)
+    assert shell_command("recipes/acer.py", "resume=runs/a b") == ".venv/bin/python recipes/acer.py 'resume=runs/a b'"
+    monkeypatch.chdir(tmp_path)
+    assert shell_command("recipes/acer.py") == f"{ROOT}/.venv/bin/python {ROOT}/recipes/acer.py"
+
+
 @pytest.mark.parametrize("recipe", ["acer", "laser_sweep"])
 def test_help_into_a_closed_pipe_ends_quietly(tmp_path, recipe):
     """``recipes/<algo>.py --help | head -1``: the reader goes away before the help is written; the recipe ends
