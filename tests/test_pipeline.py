@@ -357,7 +357,9 @@ def test_gradients_clipped_at_max_grad_norm_and_the_norm_before_clipping_returne
 
 
 @pytest.mark.integration
-def test_progress_bar_names_the_evaluation_that_follows_its_100_percent(tmp_path, probe_registered, capsys):
+def test_progress_bar_names_the_evaluation_that_follows_its_100_percent(tmp_path, probe_registered, capsys,
+                                                                         monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the bar is drawn on a terminal only
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST, "log.progress=true"])
     bar = capsys.readouterr().err
     assert "greedy evaluation (1 episodes): 100%" in bar, bar
