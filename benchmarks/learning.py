@@ -167,7 +167,8 @@ def main() -> None:
         ))
     elapsed = time.time() - start
     if INTERRUPTED.is_set():
-        again = shell_command(os.path.abspath(sys.argv[0]), *sys.argv[1:], *([] if args.resume else ["--resume", str(bench_dir)]))
+        resume = [] if args.resume else ["--resume", str(bench_dir)]
+        again = shell_command(os.path.abspath(sys.argv[0]), *sys.argv[1:], *resume)
         sys.exit(f"interrupted; the runs are checkpointed: continue with {again}")
     args.results.mkdir(parents=True, exist_ok=True)
     plot(results, args.results / f"{name}.png", f"{args.algo} {args.preset} ({args.seeds} seeds)", args.threshold)

@@ -411,7 +411,8 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
     if args.sweep or args.local:
         raise SubmitError(
             "laser_sweep is one job with one task per agent: set its grid with agents= and sweep.lr_factors= / "
-            f"sweep.entropy_factors= (no --sweep); without SLURM run {shell_command('recipes/laser_sweep.py', 'mode=processes')}"
+            "sweep.entropy_factors= (no --sweep); without SLURM run "
+            f"{shell_command('recipes/laser_sweep.py', 'mode=processes')}"
         )
     plan_points(args.overrides, None)  # every override is key=value
     sweep, agent_overrides = parse_sweep_args(args.overrides)
