@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable
 
 from acer_torchrl.checkpoint import CheckpointError
+from acer_torchrl.commands import shell_command
 from acer_torchrl.config import ConfigError, load_config, override_value, unused_settings
 from acer_torchrl.processes import HelperDied, Interrupted, StopSignals
 
@@ -49,7 +52,7 @@ def help_text(recipe: str, preset: str | None = None) -> str:
         set_key(cfg, key, value)
     keys = "\n".join(f"  {key}={value}" for key, value in flat_settings(cfg).items())
     return (
-        f"usage: python recipes/{recipe}.py [preset=NAME] [key=value ...]\n"
+        f"usage: {shell_command(f'recipes/{recipe}.py')} [preset=NAME] [key=value ...]\n"
         f"presets: {', '.join(settings.PRESETS)} (default {settings.DEFAULT_PRESET})\n"
         f"keys, with their values under preset={shown} (docs/config.md explains each, README.md the ideas):\n{keys}"
     )
@@ -64,13 +67,18 @@ def main(recipe: str, argv: list[str] | None = None) -> int:
 
 def with_stop_signals(command: Callable[[StopSignals], int]) -> int:
     """``command``'s exit code, SIGINT / SIGTERM handled from here on by the :class:`StopSignals` it is given: a
-    stop ends with its one line on stderr and exit code 130 / 143, as a helper's death does with exit code 3."""
+    stop ends with its one line on stderr and exit code 130 / 143, as a helper's death does with exit code 3; a
+    reader of stdout that went away (``--help | head``) ends it quietly, with the shell's code for a closed pipe
+    (141)."""
     stops = StopSignals().install()
     try:
         return command(stops)
     except (Interrupted, HelperDied) as stop:
         print(stop, file=sys.stderr)
         return stop.exit_code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # where Python's flush at exit writes
+        return 128 + signal.SIGPIPE
     except Exception as err:  # a signal inside a C extension's import comes back as "ImportError: initialization failed"
         stop = interrupt_behind(err)
         if stop is None:
@@ -113,8 +121,9 @@ def run_from_command_line(recipe: str, argv: list[str], stops: StopSignals) -> i
         return 2
     if summary.get("already_finished"):
         print(f"{summary['run_dir']} already finished at {summary['env_steps']} env steps (total_frames="
-              f"{summary['total_frames']}); nothing was changed. To train it further: python recipes/{recipe}.py "
-              f"resume={summary['run_dir']} total_frames=<more than {summary['env_steps']}>")
+              f"{summary['total_frames']}); nothing was changed. To train it further: "
+              f"{shell_command(f'recipes/{recipe}.py', 'resume=' + summary['run_dir'])} "
+              f"total_frames=<more than {summary['env_steps']}>")
         return 0
     print(
         f"{summary['algorithm']} on {summary['env']}: {summary['env_steps']} env steps, final score "

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from acer_torchrl.commands import shell_command
 from acer_torchrl.rundir import check_dir_name
 from acer_torchrl.settings.env import EnvConfig
 from acer_torchrl.validation import INT64, ConfigError, allowed, check_allowed
@@ -75,7 +76,7 @@ class NetworkConfig:
 @allowed(interval="[1, inf)", episodes="[1, inf)", max_steps="[1, inf)")
 @dataclass
 class EvalConfig:
-    interval: int = 5_000  # env steps between greedy evaluations (more at 90, 95, 100 % for the final score)
+    interval: int = 5_000  # env steps between greedy evaluations (more at 90, 95, 100 % of the run: the final score)
     episodes: int = 10  # greedy episodes per evaluation
     max_steps: int = 10_000  # per evaluation episode
     background: bool = True  # play evaluations in a process beside the learner (false: on the learner, between updates)
@@ -84,7 +85,7 @@ class EvalConfig:
 @allowed(checkpoint_interval="[1, inf)")
 @dataclass
 class LogConfig:
-    progress: bool = True  # tqdm progress bar
+    progress: bool = True  # a tqdm progress bar on a terminal; a line per evaluation in a log file (stderr)
     tensorboard: bool = False  # also write TensorBoard events (needs the [tensorboard] extra)
     wandb: bool = False  # also log to Weights & Biases, offline under <run_dir>/wandb (needs the [wandb] extra)
     checkpoint_interval: int = 10_000  # env steps between checkpoints (also written at the end)
@@ -503,8 +504,8 @@ def check_resume_changes(cfg: Config) -> dict[str, tuple[Any, Any]]:
 def _run_defining_change(run_dir: str, key: str, before: Any, now: Any) -> ConfigError:
     """The one line refusing a resume of ``run_dir`` that would change its ``key`` from ``before`` to ``now``."""
     if key == "loss":  # e.g. recipes/laser.py resume=<an ACER run>
-        return ConfigError(f"resume={run_dir} is a {before} run, not {now}: continue it with python recipes/{before}.py "
-                           f"resume={run_dir}")
+        return ConfigError(f"resume={run_dir} is a {before} run, not {now}: continue it with "
+                           f"{shell_command(f'recipes/{before}.py', f'resume={run_dir}')}")
     return ConfigError(
         f"resume={run_dir}: {key}={now} differs from the run's {key}={before}; a resumed run keeps its "
         "env, loss, network, gamma, seed and replay shape (start a new run with run_dir=<new dir> to change them)"

@@ -3,9 +3,10 @@ TensorBoard and Weights & Biases through TorchRL's loggers, the curve PNG, and t
 
 A run's **final score** is the mean of its greedy evaluations over the last 10 % of its env steps (at least
 three evaluations, the last one always included): a run is judged by the policy it ends with, not by the
-first evaluation that touched a threshold. The trainer schedules evaluations at 90 %, 95 % and 100 % of
-``total_frames`` (:func:`final_window_steps`) on top of the periodic ones, so the window holds three of them
-whatever ``eval.interval`` is.
+first evaluation that touched a threshold. The trainer schedules evaluations at 90 %, 95 % and 100 % of the
+run's env steps (:func:`final_window_steps`) on top of the periodic ones, so the window holds three of them
+whatever ``eval.interval`` is, once it spans three collected batches (a run of 20 batches or more); a shorter
+run evaluates its last three batches, and its final score averages those.
 """
 
 from __future__ import annotations
@@ -26,12 +27,18 @@ FINAL_WINDOW = 0.1  # the last 10 % of a run's env steps
 MIN_FINAL_EVALUATIONS = 3
 
 
-def final_window_steps(total_frames: int) -> list[int]:
-    """Env steps at which an evaluation is due on top of the periodic ones: the start, middle and end of the
-    final window (90 %, 95 % and 100 % of the run), rounded up in exact arithmetic."""
+def final_window_steps(end: int, frames_per_batch: int) -> list[int]:
+    """Env steps at which an evaluation is due on top of the periodic ones, each taken at the batch that reaches it,
+    in a run that ends at ``end`` env steps (``total_frames`` rounded up to whole batches of ``frames_per_batch``):
+    the start, middle and end of the final window (90 %, 95 % and 100 % of ``end``, rounded up in exact
+    arithmetic), reached by three different batches once the window spans three; in a shorter run, the ends of its
+    last three batches (what :func:`final_score` then averages)."""
     window = Fraction(FINAL_WINDOW).limit_denominator(10_000)
+    last = MIN_FINAL_EVALUATIONS - 1  # batches before the last one
+    if window * end < last * frames_per_batch:
+        return [step for step in range(end - last * frames_per_batch, end + 1, frames_per_batch) if step > 0]
     points = (1 - window, 1 - window / 2, Fraction(1))
-    return sorted({-(-total_frames * p.numerator // p.denominator) for p in points})
+    return sorted({-(-end * p.numerator // p.denominator) for p in points})
 
 
 @dataclass
@@ -235,11 +242,14 @@ def read_summary(path: Path) -> dict | None:
 
 
 def save_learning_curve(log: MetricsLog, path: Path, title: str) -> None:
-    """The curve PNG, a log like metrics.csv: a write that fails is one warning line, not the run's end."""
+    """The curve PNG, written atomically (a run killed meanwhile leaves the one before); a log like metrics.csv: a
+    write that fails is one warning line, not the run's end."""
+    tmp = path.with_suffix(".tmp.png")  # the suffix names the format for matplotlib
     try:
-        plot_learning_curve(log, path, title)
+        plot_learning_curve(log, tmp, title)
+        os.replace(tmp, path)
     except OSError as err:
-        path.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         print(f"warning: cannot write {path} ({os_reason(err)}); metrics.csv holds the same curve", file=sys.stderr)
 
 

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 # what a run writes under its directory (trainer, metrics, checkpoint, memory-mapped replay)
 RUN_FILES = (
-    "config.yaml", "metrics.csv", "metrics.csv.tmp", "summary.json", "learning_curve.png", "tensorboard", "wandb",
-    "checkpoint", "checkpoint.tmp", "checkpoint.old", "replay_storage", "resumes.jsonl",
+    "config.yaml", "metrics.csv", "metrics.csv.tmp", "summary.json", "learning_curve.png", "learning_curve.tmp.png",
+    "tensorboard", "wandb", "checkpoint", "checkpoint.tmp", "checkpoint.old", "replay_storage", "resumes.jsonl",
 )
 LOCK_FILE = "run.lock"  # never deleted (overwrite=true leaves it): a new file would be a second lock
 FINISHED_MARKS = ("summary.json", "checkpoint", "checkpoint.old")

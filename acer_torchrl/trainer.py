@@ -32,6 +32,7 @@ from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
+from acer_torchrl.commands import shell_command
 from acer_torchrl.config import Config, ConfigError, dump_yaml, resume_changes
 from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config, evaluation_seed
@@ -270,14 +271,18 @@ class Trainer:
             copy_weights_(TensorDict.from_module(self.acting), TensorDict.from_module(self.agent.policy))
 
     def checkpoint(self) -> None:
-        """Save the run (weights, optimiser, replay, counters); evaluations still being played are waited
-        for first, so that ``metrics.csv`` holds every evaluation up to the checkpoint's step."""
+        """Save the run (weights, optimiser, replay, counters) and its learning curve; evaluations still being played
+        are waited for first, so that ``metrics.csv`` and the curve hold every evaluation up to the checkpoint's step
+        (a killed run leaves the curve of the checkpoint it resumes from)."""
         if self.evaluator is not None:
             self.wait_for_evaluations()
         self.counters.rng = self.rng.bit_generator.state
         self.counters.health = self.health.state()
         save_checkpoint(self.run_dir, self.state(), vars(self.counters), self.replay)
         self._saved_steps = self.counters.env_steps
+        if self.log.rows:  # at checkpoints, not at every evaluation: a plot costs a good part of a checkpoint
+            title = f"{self.cfg.loss} on {self.cfg.env.name}"
+            save_learning_curve(self.log, self.run_dir / "learning_curve.png", title)
 
     # ------------------------------------------------------------------ learning
     def draw_batch(self, online_share: float) -> TensorDictBase | None:
@@ -419,7 +424,8 @@ class Trainer:
             self.evaluator = None
         if self._saved_steps is None:
             return None
-        return f"at {c.env_steps} env steps; continue with: python recipes/{self.cfg.loss}.py resume={self.run_dir}"
+        resume = shell_command(f"recipes/{self.cfg.loss}.py", f"resume={self.run_dir}")
+        return f"at {c.env_steps} env steps; continue with: {resume}"
 
     # ----------------------------------------------------- the step API (RunGuard, or a driver of several runs)
     def start(self) -> Iterator[TensorDictBase]:
@@ -491,15 +497,25 @@ class Trainer:
             bar.set_description_str("")
 
     def log_evaluations(self, results) -> None:
-        """Log the rows of finished evaluations (in the order they were asked for)."""
+        """Log the rows of finished evaluations (in the order they were asked for); with ``log.progress`` and no
+        terminal to draw the progress bar on (a SLURM log, a redirect), each is also one line on stderr."""
         for env_steps, mean, std in results:
             steps, updates, wall, metrics = self._awaiting.popleft()
             assert steps == env_steps, (steps, env_steps)
             self.log.row(steps, updates, wall, {**metrics, "eval_return_mean": mean, "eval_return_std": std})
+            if self.cfg.log.progress and not sys.stderr.isatty():
+                print(self.evaluation_line(), file=sys.stderr, flush=True)
+
+    def evaluation_line(self) -> str:
+        """The latest evaluation's row as a log line: env steps, greedy return, env steps/s since the row before."""
+        *_, before, row = [{"env_steps": 0, "wall_time_s": 0.0}, *self.log.rows]
+        rate = (row["env_steps"] - before["env_steps"]) / max(row["wall_time_s"] - before["wall_time_s"], 1e-9)
+        return (f"{self.run_dir.name}: {row['env_steps']}/{self.cfg.total_frames} env steps, greedy return "
+                f"{row['eval_return_mean']:.1f}, {rate:.0f} env steps/s")
 
     def finish(self) -> dict:
-        """Final greedy evaluation (the periodic one when it fell on the last step), log row, checkpoint,
-        summary.json and learning curve."""
+        """Final greedy evaluation (the periodic one when it fell on the last step), log row, checkpoint (with the
+        learning curve) and summary.json."""
         cfg, c = self.cfg, self.counters
         self.wait_for_evaluations()
         last = self.log.rows[-1] if self.log.rows else {}
@@ -542,7 +558,6 @@ class Trainer:
         except OSError as err:
             raise TrainingError(f"cannot write {path} ({os_reason(err)}); the checkpoint holds the finished run: "
                                 f"resume={self.run_dir} writes its summary once the disk has room") from None
-        save_learning_curve(self.log, self.run_dir / "learning_curve.png", f"{cfg.loss} on {cfg.env.name}")
         return summary
 
     def make_collector(self, remaining: int):
@@ -571,7 +586,9 @@ class Trainer:
     def _start_clock(self) -> None:
         """Start the wall clock, progress bar and metric window of a collection phase (before :meth:`step`)."""
         c = self.counters
-        self._bar = tqdm(total=self.cfg.total_frames, initial=c.env_steps, disable=not self.cfg.log.progress, unit="step")
+        # on a terminal only (tqdm's disable=None): in a log file its redraws pile up as carriage returns
+        self._bar = tqdm(total=self.cfg.total_frames, initial=c.env_steps, unit="step",
+                         disable=None if self.cfg.log.progress else True)
         self._window: dict[str, list[float]] = {}
         self._returns: list[float] = []
         self._start = time.perf_counter() - c.wall_time_s
@@ -652,8 +669,11 @@ class Trainer:
         return not self._awaiting or c.env_steps >= c.next_checkpoint + self.cfg.log.checkpoint_interval // 2
 
     def _final_window_due(self, before: int, after: int) -> bool:
-        """Whether this batch crossed one of the final-score window's evaluation points (90/95/100 %)."""
-        return any(before < step <= after for step in final_window_steps(self.cfg.total_frames))
+        """Whether this batch crossed one of the final-score window's evaluation points (:func:`final_window_steps`)
+        of the run's end: ``total_frames`` rounded up to whole batches from this one's start, as the collector does."""
+        per_batch = self.cfg.collector.frames_per_batch
+        end = before + math.ceil((self.cfg.total_frames - before) / per_batch) * per_batch
+        return any(before < step <= after for step in final_window_steps(end, per_batch))
 
 
 def train(cfg: Config, stop_signals: StopSignals | None = None, remote: RemoteCollection | None = None) -> dict:

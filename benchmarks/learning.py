@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from acer_torchrl.commands import shell_command
 from acer_torchrl.metrics import FINAL_WINDOW, final_score, finish_plot, new_plot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,8 +184,9 @@ def benchmark(argv: list[str]) -> None:
         ))
     elapsed = time.time() - start
     if INTERRUPTED.is_set():
-        again = " ".join(sys.argv) + ("" if args.resume else f" --resume {bench_dir}")
-        sys.exit(f"interrupted; the runs are checkpointed: continue with python {again}")
+        resume = [] if args.resume else ["--resume", str(bench_dir)]
+        again = shell_command(os.path.abspath(sys.argv[0]), *sys.argv[1:], *resume)
+        sys.exit(f"interrupted; the runs are checkpointed: continue with {again}")
     args.results.mkdir(parents=True, exist_ok=True)
     plot(results, args.results / f"{name}.png", f"{args.algo} {args.preset} ({args.seeds} seeds)", args.threshold)
     ok = [r for r in results if "failed" not in r]

@@ -22,12 +22,19 @@ import warnings
 def main(argv: list[str]) -> int:
     """The sweep; user errors end with one line and exit code 2, SIGINT / SIGTERM (``mode=local``: every agent
     saved after the batch in hand) with one line and exit code 130 / 143."""
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
-        return 0
     from acer_torchrl.cli import with_stop_signals
 
+    if any(arg in ("-h", "--help") for arg in argv):  # anywhere on the line, as in the other recipes
+        return with_stop_signals(print_help)
     return with_stop_signals(lambda stops: run_sweep_command(argv, stops))
+
+
+def print_help(_stops) -> int:
+    """``--help``: this docstring, its command naming the interpreter that runs (not a bare ``python``)."""
+    from acer_torchrl.commands import shell_command
+
+    print(__doc__.strip().replace("python recipes/laser_sweep.py", shell_command("recipes/laser_sweep.py"), 1))
+    return 0
 
 
 def run_sweep_command(argv: list[str], stops) -> int:

@@ -42,6 +42,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from acer_torchrl.algorithms import REGISTRY
 from acer_torchrl.cli import with_stop_signals
 from acer_torchrl.cluster import RecipeJob
+from acer_torchrl.commands import shell_command
 from acer_torchrl.config import ConfigError, override_value, without_keys
 from acer_torchrl.metrics import read_summary
 from acer_torchrl.processes import Interrupted
@@ -231,10 +232,11 @@ def recipe_name(given: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    prog = shell_command("slurm/submit.py")
     parser = argparse.ArgumentParser(
-        prog="python slurm/submit.py",
-        description="Submit a recipe run (or a sweep of them) through submitit. "
-        "`python slurm/submit.py tabulate SWEEP_DIR` prints a sweep's results.",
+        prog=prog,
+        description=f"Submit a recipe run (or a sweep of them) through submitit. `{prog} tabulate SWEEP_DIR` prints a "
+        "sweep's results.",
     )
     # a recipe's name, or its path as the local commands give it (recipes/acer.py)
     parser.add_argument("recipe", choices=sorted([*REGISTRY, SHARED_REPLAY_SWEEP]), type=recipe_name)
@@ -271,7 +273,7 @@ def checked_main(argv: list[str]) -> int:
     try:
         if argv[:1] == ["tabulate"]:
             if len(argv) != 2:
-                raise SubmitError("usage: python slurm/submit.py tabulate SWEEP_DIR")
+                raise SubmitError(f"usage: {shell_command('slurm/submit.py', 'tabulate')} SWEEP_DIR")
             print(tabulate(Path(argv[1])))
             return 0
         args = build_parser().parse_intermixed_args(argv)
@@ -326,7 +328,7 @@ def submit(args: argparse.Namespace) -> int:
         print(f"job {job.job_id}  run_dir {run['run_dir']}  log {job.paths.stdout}")
     if args.sweep:
         (top_dir / "sweep.json").write_text(json.dumps({"recipe": args.recipe, "sweep": args.sweep, "runs": runs}, indent=2))
-        print(f"sweep dir {top_dir}  (table: python slurm/submit.py tabulate {top_dir})")
+        print(f"sweep dir {top_dir}  (table: {shell_command('slurm/submit.py', 'tabulate', str(top_dir))})")
     if not (args.wait or args.local):
         return 0
     status = wait_stopping_with_the_jobs(args, jobs, runs)
@@ -409,7 +411,8 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
     if args.sweep or args.local:
         raise SubmitError(
             "laser_sweep is one job with one task per agent: set its grid with agents= and sweep.lr_factors= / "
-            "sweep.entropy_factors= (no --sweep); without SLURM run recipes/laser_sweep.py mode=processes"
+            "sweep.entropy_factors= (no --sweep); without SLURM run "
+            f"{shell_command('recipes/laser_sweep.py', 'mode=processes')}"
         )
     plan_points(args.overrides, None)  # every override is key=value
     sweep, agent_overrides = parse_sweep_args(args.overrides)

@@ -4,6 +4,7 @@ reading of its definition, and the trainer's evaluation schedule that fills its 
 import json
 import os
 import signal
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -52,8 +53,27 @@ def test_final_score_is_not_the_first_touch_or_the_best():
 
 
 def test_final_window_steps():
-    assert final_window_steps(50_000) == [45_000, 47_500, 50_000]
-    assert final_window_steps(1000) == [900, 950, 1000]
+    assert final_window_steps(50_000, 80) == [45_000, 47_500, 50_000]
+    assert final_window_steps(1000, 50) == [900, 950, 1000]
+    assert final_window_steps(1000, 80) == [840, 920, 1000]  # two batches in the window: the last three
+    assert final_window_steps(64, 32) == [32, 64]
+
+
+def test_every_run_length_evaluates_its_final_window_as_fully_as_its_batches_allow():
+    """The trainer's schedule, batch by batch, for run lengths that are and are not whole batches: three evaluations
+    in the final score's window (the last 10 % of the env steps the run ends at) once it holds three batch ends, and
+    every one of the last three batches evaluated when it holds fewer (the final score averages those)."""
+    from acer_torchrl.trainer import Trainer
+
+    for per_batch in (8, 77):
+        for total_frames in range(1, 40 * per_batch, max(1, per_batch // 5)):  # from 1 batch to 40 (the window: 4)
+            cfg = SimpleNamespace(total_frames=total_frames, collector=SimpleNamespace(frames_per_batch=per_batch))
+            ends = range(per_batch, total_frames + per_batch, per_batch)  # the last one reaches total_frames
+            evaluated = [e for e in ends if Trainer._final_window_due(SimpleNamespace(cfg=cfg), e - per_batch, e)]
+            window = [e for e in ends if e >= 0.9 * ends[-1]]
+            assert len(set(evaluated) & set(window)) == min(3, len(window)), (total_frames, per_batch, evaluated)
+            if len(window) < 3:
+                assert evaluated == list(ends[-3:]), (total_frames, per_batch, evaluated)
 
 
 @pytest.mark.integration

@@ -2,15 +2,21 @@
 real worker processes, run-directory contract, kill + resume without losing replay or step counts,
 corrupt checkpoints and bad input ending with one clear line."""
 
+import contextlib
 import copy
 import csv
+import fcntl
 import json
 import math
 import os
+import pty
 import re
+import shlex
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +31,7 @@ from acer_torchrl import algorithms
 from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import Algorithm
 from acer_torchrl.cli import run
+from acer_torchrl.commands import shell_command
 from acer_torchrl.config import ConfigError
 from acer_torchrl.checkpoint import CheckpointError, write_manifest
 from acer_torchrl.modules import acting_policy, learning_module, make_torso
@@ -194,6 +201,62 @@ def test_gpu_learners_acting_copy_is_written_in_place(tmp_path, probe_registered
 
 
 @pytest.mark.integration
+def test_a_killed_run_leaves_the_learning_curve_of_its_checkpoint(tmp_path):
+    """The curve PNG is written (atomically) with each checkpoint, not only when a run ends: SIGKILL after the first
+    checkpoint leaves a whole PNG of the evaluations that checkpoint holds."""
+    args = [sys.executable, str(ROOT / "recipes" / "acer.py"), f"run_dir={tmp_path}", "total_frames=100000",
+            "collector.workers=0", "eval.interval=64", "log.checkpoint_interval=128", *FAST]
+    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    curve = tmp_path / "learning_curve.png"
+    try:
+        wait_for(curve.exists, proc, 120)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert curve.read_bytes().startswith(b"\x89PNG") and curve.read_bytes().endswith(b"IEND\xaeB`\x82")
+    assert not (tmp_path / "summary.json").exists()
+
+
+def stderr_of(args: list[str], terminal: bool) -> str:
+    """What the command ``args`` (exit code 0) wrote to its stderr: a pseudo-terminal (``terminal``) or a pipe."""
+    if not terminal:
+        proc = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 x 100 (a new one has 0 columns)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    chunks = []
+    with contextlib.suppress(OSError):  # EIO once every process of the run closed the terminal
+        while chunk := os.read(leader, 4096):
+            chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    return b"".join(chunks).decode()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("terminal", [False, True], ids=["log-file", "terminal"])
+def test_progress_is_a_bar_on_a_terminal_and_a_line_per_evaluation_in_a_log(tmp_path, terminal):
+    """``log.progress`` (on by default): a tqdm bar when stderr is a terminal; in a log file (SLURM's, a redirect)
+    no bar, whose redraws piled up there as carriage returns (~2 KB/s), but one line per evaluation."""
+    args = [sys.executable, str(ROOT / "recipes" / "acer.py"), f"run_dir={tmp_path}", "total_frames=192",
+            "collector.workers=0", "eval.interval=64", *[a for a in FAST if not a.startswith("log.progress")]]
+    stderr = stderr_of(args, terminal)
+    with open(tmp_path / "metrics.csv") as f:
+        evaluations = [(int(r["env_steps"]), float(r["eval_return_mean"])) for r in csv.DictReader(f)]
+    assert [steps for steps, _ in evaluations] == [64, 128, 160, 192]  # 160: the last three batches (a short run)
+    if terminal:
+        assert "192/192" in stderr and "step/s]" in stderr and "greedy return" not in stderr, stderr
+        return
+    assert "\r" not in stderr and len(stderr.splitlines()) == len(evaluations), stderr
+    for line, (steps, mean) in zip(stderr.splitlines(), evaluations):
+        assert re.fullmatch(rf"{tmp_path.name}: {steps}/192 env steps, greedy return {mean:.1f}, \d+ env steps/s",
+                            line), line
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_checkpoints_and_says_how_to_resume_in_one_line(tmp_path, sig):
     """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM to the run's whole group (``kill -- -PGID``):
@@ -207,10 +270,14 @@ def test_signal_checkpoints_and_says_how_to_resume_in_one_line(tmp_path, sig):
     returncode, stderr, _ = signal_group(proc, sig)
     steps = json.loads((tmp_path / "checkpoint" / "counters.json").read_text())["env_steps"]
     assert returncode == 128 + sig and "Traceback" not in stderr, stderr
-    assert stderr.strip().splitlines()[-1] == (
-        f"interrupted at {steps} env steps; continue with: python recipes/acer.py resume={tmp_path}"
-    )
+    resume = shlex.join([sys.executable, str(ROOT / "recipes" / "acer.py"), f"resume={tmp_path}"])  # not "python"
+    assert stderr.strip().splitlines()[-1] == f"interrupted at {steps} env steps; continue with: {resume}"
     assert 64 <= steps < 100000 and not (tmp_path / "summary.json").exists()
+    # the printed command, typed where the run was started (no recipes/ there), finishes the run
+    again = subprocess.run(f"{resume} total_frames={steps}", shell=True, cwd=tmp_path, capture_output=True, text=True,
+                           env=os.environ, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "summary.json").read_text())["env_steps"] == steps
 
 
 def test_a_due_checkpoint_waits_for_the_evaluation_in_play_at_most_half_an_interval(tmp_path, probe_registered):
@@ -290,7 +357,9 @@ def test_gradients_clipped_at_max_grad_norm_and_the_norm_before_clipping_returne
 
 
 @pytest.mark.integration
-def test_progress_bar_names_the_evaluation_that_follows_its_100_percent(tmp_path, probe_registered, capsys):
+def test_progress_bar_names_the_evaluation_that_follows_its_100_percent(tmp_path, probe_registered, capsys,
+                                                                         monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the bar is drawn on a terminal only
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST, "log.progress=true"])
     bar = capsys.readouterr().err
     assert "greedy evaluation (1 episodes): 100%" in bar, bar
@@ -354,7 +423,8 @@ def test_resume_refuses_run_defining_changes_and_records_the_others(tmp_path, pr
         ("env.name=Acrobot-v1", "env.name=Acrobot-v1 differs"),
         ("network.hidden=32", "network.hidden=[32] differs from the run's network.hidden=[16]"),
         ("probe.online_steps=2", "probe.online_steps=2 differs from the run's probe.online_steps=1"),
-        ("loss=acer", f"resume={tmp_path} is a probe run, not acer: continue it with python recipes/probe.py resume={tmp_path}"),
+        ("loss=acer", f"resume={tmp_path} is a probe run, not acer: continue it with "
+                      f"{shell_command('recipes/probe.py', f'resume={tmp_path}')}"),
     ):
         with pytest.raises(ConfigError, match=re.escape(fragment)) as err:
             run("probe", [f"resume={tmp_path}", change])
@@ -512,7 +582,7 @@ def test_resuming_a_finished_run_changes_nothing_and_says_how_to_go_on(tmp_path,
     assert main("probe", [f"resume={tmp_path}"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == (f"{tmp_path} already finished at 64 env steps (total_frames=64); nothing was changed. To train it "
-                       f"further: python recipes/probe.py resume={tmp_path} total_frames=<more than 64>")
+                       f"further: {shell_command('recipes/probe.py', f'resume={tmp_path}')} total_frames=<more than 64>")
     assert {p: p.stat().st_mtime_ns for p in files} == files
 
 

@@ -208,7 +208,7 @@ def test_a_full_disk_refuses_summary_json_whole_and_the_curve_with_a_warning(sma
     save_learning_curve(log, small_disk / "learning_curve.png", "a curve")  # a log: the run goes on
     [warning] = capsys.readouterr().err.strip().splitlines()
     assert warning.startswith(f"warning: cannot write {small_disk / 'learning_curve.png'} (no space left on device)")
-    assert not (small_disk / "learning_curve.png").exists()
+    assert not (small_disk / "learning_curve.png").exists() and not (small_disk / "learning_curve.tmp.png").exists()
 
 
 def _share_and_hang_up(helper: bool) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -264,13 +265,15 @@ def test_a_sweep_agent_resumed_alone_is_sent_to_its_sweep(tmp_path, capsys):
     """``recipes/laser.py resume=<sweep>/agent1`` (or ``resume=<sweep>``): one line saying it belongs to a sweep and
     the command that resumes it, exit code 2 (not a 'corrupt checkpoint': its replay is the sweep's)."""
     from acer_torchrl.cli import main
+    from acer_torchrl.commands import shell_command
 
     started_sweep(tmp_path, ["agents=2", "preset=cartpole"])
     for given, what in ((tmp_path / "agent1", f"an agent of the shared-replay sweep {tmp_path}"),
                         (tmp_path, "a shared-replay sweep")):
         assert main("laser", [f"resume={given}"]) == 2
+        command = shell_command("recipes/laser_sweep.py", f"resume={tmp_path}")
         assert capsys.readouterr().err == (f"error: resume={given} is {what}, not a run of its own; resume the sweep "
-                                           f"with: python recipes/laser_sweep.py resume={tmp_path}\n")
+                                           f"with: {command}\n")
 
 
 def test_a_held_port_is_named_in_one_line_and_a_free_pair_is_found_otherwise(tmp_path):
@@ -480,11 +483,11 @@ def test_ctrl_c_on_a_sweep_says_what_each_agent_saved_and_how_to_resume(tmp_path
     returncode, line = stopped(proc, signal.SIGINT)
     steps = [json.loads((latest_checkpoint(sweep_dir / f"agent{i}") / "counters.json").read_text())["env_steps"]
              for i in range(agents)]
-    command = f"python recipes/laser_sweep.py resume={sweep_dir}"
+    command = shlex.join([sys.executable, str(ROOT / "recipes" / "laser_sweep.py"), f"resume={sweep_dir}"])
     assert (returncode, line) == (130, f"interrupted at {', '.join(map(str, steps))} env steps (agent by agent); "
                                        f"continue with: {command}")
     more = f"total_frames={max(steps) + 64}"
-    resumed = subprocess.run([sys.executable, *command.split()[1:], more], cwd=ROOT, capture_output=True, text=True)
+    resumed = subprocess.run(f"{command} {more}", shell=True, cwd=tmp_path, capture_output=True, text=True)  # as printed
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((sweep_dir / "summary.json").read_text())
     assert [a["env_steps"] for a in summary["agents"]] == [max(steps) + 64] * agents
@@ -531,5 +534,6 @@ def test_a_killed_collector_worker_stops_a_local_sweep_with_the_sweeps_resume_co
     assert proc.returncode == 3 and "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == (
         f"collector worker 0 (pid {worker}) died (killed by SIGKILL); stopped at {steps[0]}, {steps[1]} env steps "
-        f"(agent by agent); continue with: python recipes/laser_sweep.py resume={tmp_path}"
+        f"(agent by agent); continue with: "
+        f"{shlex.join([sys.executable, str(root / 'recipes' / 'laser_sweep.py'), f'resume={tmp_path}'])}"
     )

@@ -22,6 +22,7 @@ import submitit
 from submitit.core.utils import FailedJobError, JobPaths
 
 from acer_torchrl.cluster import RecipeJob, job_rank_info
+from acer_torchrl.commands import shell_command
 
 REPO = Path(__file__).resolve().parents[1]
 SUBMIT = REPO / "slurm" / "submit.py"
@@ -399,8 +400,9 @@ def test_ctrl_c_on_a_local_job_checkpoints_it_and_ends_with_one_line(tmp_path):
     returncode, output, _ = signal_group(proc, signal.SIGINT)
     steps = json.loads((run_dir / "checkpoint" / "counters.json").read_text())["env_steps"]
     assert returncode == 130 and "Traceback" not in output, output
+    resume = shell_command(f"recipes/{RECIPE}.py", f"resume={run_dir}")  # the job's interpreter: this one
     assert output.strip().splitlines()[-1].endswith(f"({run_dir.name}) interrupted at {steps} env steps; continue with: "
-                                                    f"python recipes/{RECIPE}.py resume={run_dir}"), output
+                                                    f"{resume}"), output
     (job_log,) = (run_dir / "submitit").glob("*/*_log.err")
     assert "Traceback" not in job_log.read_text() and "leaked" not in job_log.read_text()
 

@@ -7,6 +7,7 @@ no traceback; runs write only inside their run dir and never into an old run's; 
 import json
 import os
 import random
+import shlex
 import string
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from acer_torchrl.commands import shell_command
 from acer_torchrl.health import PATIENCE, Health
 from acer_torchrl.rundir import LOCK_FILE, RUN_FILES
 
@@ -185,7 +187,7 @@ def test_help_lists_presets_and_keys_without_importing_torch(tmp_path, algo, pre
                           timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == f"usage: python recipes/{algo}.py [preset=NAME] [key=value ...]"
+    assert lines[0] == f"usage: {shlex.join([sys.executable, str(ROOT / 'recipes' / f'{algo}.py')])} [preset=NAME] [key=value ...]"
     assert lines[1] == f"presets: {presets}"
     assert f"  {key}" in lines and any(line.startswith("  replay.capacity=") for line in lines)
     assert lines[-1] == "torch imported: False"
@@ -356,12 +358,47 @@ def test_a_benchmark_refuses_to_overwrite_a_committed_result_before_any_run(tmp_
     assert sorted(p.name for p in results.iterdir()) == ["acer-cartpole.json"]
 
 
+def test_the_sweep_recipe_takes_help_anywhere_and_names_its_interpreter(tmp_path):
+    """``recipes/laser_sweep.py ... --help`` as the other recipes take it (it was an error when not first), its
+    command line with the interpreter that runs, which works from any directory (not ``python recipes/...``)."""
+    script = str(ROOT / "recipes" / "laser_sweep.py")
+    proc = subprocess.run([sys.executable, script, "agents=2", "--help"], cwd=tmp_path, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.splitlines()[2].startswith(f"    {shlex.join([sys.executable, script])} [agents=3]"), proc.stdout
+
+
+def test_printed_commands_name_the_interpreter_from_where_they_are_typed(monkeypatch, tmp_path):
+    """The interpreter and script of a printed command: relative under the current directory (the README's
+    ``.venv/bin/python recipes/...``), absolute elsewhere, the venv's link kept (resolved, it would leave the venv);
+    every part quoted for the shell."""
+    monkeypatch.setattr(sys, "executable", str(ROOT / ".venv" / "bin" / "python"))
+    monkeypatch.chdir(ROOT)
+    assert shell_command("recipes/acer.py", "resume=runs/a b") == ".venv/bin/python recipes/acer.py 'resume=runs/a b'"
+    monkeypatch.chdir(tmp_path)
+    assert shell_command("recipes/acer.py") == f"{ROOT}/.venv/bin/python {ROOT}/recipes/acer.py"
+
+
+@pytest.mark.parametrize("recipe", ["acer", "laser_sweep"])
+def test_help_into_a_closed_pipe_ends_quietly(tmp_path, recipe):
+    """``recipes/<algo>.py --help | head -1``: the reader goes away before the help is written; the recipe ends
+    with the shell's code for a closed pipe and nothing on stderr (it printed a BrokenPipeError traceback)."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        proc = subprocess.run([sys.executable, str(ROOT / "recipes" / f"{recipe}.py"), "--help"], cwd=tmp_path, env=ENV,
+                              stdout=writer, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(writer)
+    assert (proc.returncode, proc.stderr) == (141, "")
+
+
 def test_help_anywhere_on_the_line_and_submit_takes_a_recipe_path(capsys):
     from acer_torchrl import cli
 
     assert cli.main("acer", ["preset=atari", "seed=3", "--help"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: python recipes/acer.py") and "docs/config.md" in out
+    assert out.startswith(f"usage: {shell_command('recipes/acer.py')} [preset") and "docs/config.md" in out
     sys.path.insert(0, str(ROOT / "slurm"))
     try:
         import submit

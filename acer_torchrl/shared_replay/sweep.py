@@ -29,6 +29,7 @@ import submitit
 import torch
 from tensordict import TensorDictBase
 
+from acer_torchrl.commands import shell_command
 from acer_torchrl.config import (
     Config, ConfigError, _coerce, dump_yaml, load_config, override_value, parse_overrides, without_keys,
 )
@@ -195,7 +196,7 @@ def refuse_sweep_resume(resume: str | None) -> None:
                             (path.parent, f"an agent of the shared-replay sweep {path.parent}")):
         if (sweep_dir / SWEEP_FILE).is_file():
             raise ConfigError(f"resume={resume} is {what}, not a run of its own; resume the sweep with: "
-                              f"python recipes/laser_sweep.py resume={sweep_dir}")
+                              f"{shell_command('recipes/laser_sweep.py', f'resume={sweep_dir}')}")
 
 
 PER_AGENT_KEYS = ("optim.lr", "laser.entropy_coeff", "seed")  # agent i's: base x its grid factors, base seed + i
@@ -305,7 +306,7 @@ def stop_line(sweep: SweepConfig, sweep_dir: Path, stopped: str = "interrupted "
         return f"{stopped}before every agent had a checkpoint: nothing to resume"
     steps = [json.loads((checkpoint / "counters.json").read_text())["env_steps"] for checkpoint in saved]
     return (f"{stopped}at {', '.join(map(str, steps))} env steps (agent by agent); continue with: "
-            f"python recipes/laser_sweep.py resume={sweep_dir}")
+            f"{shell_command('recipes/laser_sweep.py', f'resume={sweep_dir}')}")
 
 
 # ---------------------------------------------------------------------------------------------- one rank per agent
