@@ -12,6 +12,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -161,7 +162,8 @@ def test_every_key_is_applied_to_the_live_run_or_refused_on_resume(tmp_path, mon
         trainer.compiled_modes = compiled_modes
         trainer.new = flat_settings(trainer.cfg)
         trainer.evaluator_made = trainer.make_evaluator()
-        trainer._start_clock()
+        with mock.patch.object(sys.stderr, "isatty", return_value=True):  # the bar is drawn on a terminal only
+            trainer._start_clock()
         trainer.bar_shown = not trainer._bar.disable
         trainer._stop_clock()
         failed = [k for k in new if not APPLIED[k][1](trainer)]

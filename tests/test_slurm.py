@@ -449,10 +449,12 @@ def test_tabulate_lists_points_with_and_without_summary(tmp_path):
 
 
 def test_sweep_job_resumes_only_once_every_agent_has_a_checkpoint(tmp_path):
-    from acer_torchrl.shared_replay import SweepTask, sweep_resume_argv
+    from acer_torchrl.shared_replay import SweepConfig, SweepTask, sweep_resume_argv
+    from acer_torchrl.shared_replay.sweep import record_sweep_start
 
     argv = ["agents=2", "preset=cartpole", f"run_dir={tmp_path}"]
     assert sweep_resume_argv(argv) == argv
+    record_sweep_start(SweepConfig(agents=2), tmp_path, argv)  # as the sweep does once its agents claimed their dirs
     for i in range(2):
         (tmp_path / f"agent{i}" / "checkpoint").mkdir(parents=True)
         (tmp_path / f"agent{i}" / "checkpoint" / "counters.json").write_text("{}" if i == 0 else "")
