@@ -2,7 +2,7 @@
 (config -> :class:`Agent`).
 
 The loss is :class:`acer_torchrl.objectives.vracer.VRACERLoss`, its stored estimates
-:class:`acer_torchrl.objectives.vracer_estimates.VRACEREstimates`; the ``vracer.*`` keys and presets are in
+:class:`acer_torchrl.estimates.vracer.VRACEREstimates`; the ``vracer.*`` keys and presets are in
 :mod:`acer_torchrl.settings.vracer`.
 
 Deviation: the hidden-layer initialisation is Glorot's uniform ``sqrt(6 / (f_i + f_o))`` (App. A prints
@@ -28,7 +28,7 @@ from acer_torchrl.modules import (
 )
 from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.vracer import VRACERLoss
-from acer_torchrl.objectives.vracer_estimates import VRACEREstimates
+from acer_torchrl.estimates.vracer import VRACEREstimates
 from acer_torchrl.settings.vracer import DEFAULT_PRESET, PRESETS, VRACERConfig
 
 

@@ -4,7 +4,7 @@ trainers stepped in one process (:func:`run_sweep`) or one process per agent aro
 
 The agents are LASER's (``loss=laser``, the default) or V-RACER's (``loss=vracer``): a V-RACER agent keeps its
 own stored estimates of every shared step beside the replay
-(:class:`~acer_torchrl.objectives.stored_estimates.SlotEstimates`)."""
+(:class:`~acer_torchrl.estimates.slots.SlotEstimates`)."""
 
 from __future__ import annotations
 
