@@ -463,7 +463,7 @@ def test_continuous_gradient_wrt_phi_is_eq16(learned_scale, trust_region):
 
 # ---------------------------------------------------------------------------------------------- plumbing
 class NotPlainModule(TensorDictModule):
-    """A TensorDictModule subclass: the loss calls it with TensorDicts (common.NetworkCall), not on tensors."""
+    """A TensorDictModule subclass: the loss calls it with TensorDicts (network_call.NetworkCall), not on tensors."""
 
 
 @pytest.mark.filterwarnings("ignore:No target network updater")  # the loss alone: its test steps no updater

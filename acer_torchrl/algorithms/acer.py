@@ -16,7 +16,7 @@ from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import GaussianHead, MLPEncoder, acting_policy, learning_module, make_torso
 from acer_torchrl.objectives.acer import ACERLoss
-from acer_torchrl.objectives.common import policy_keys
+from acer_torchrl.objectives.names import policy_keys
 from acer_torchrl.objectives.updaters import average_updater, target_updater
 from acer_torchrl.settings.acer import DEFAULT_PRESET, PRESETS, ACERConfig
 

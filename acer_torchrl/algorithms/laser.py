@@ -14,8 +14,8 @@ from acer_torchrl.algorithms import Algorithm, loss_options
 from acer_torchrl.config import Config
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import GaussianHead, acting_policy, learning_module, make_torso
-from acer_torchrl.objectives.common import policy_keys
 from acer_torchrl.objectives.laser import LASERLoss
+from acer_torchrl.objectives.names import policy_keys
 from acer_torchrl.objectives.updaters import target_updater
 from acer_torchrl.settings.laser import DEFAULT_PRESET, PRESETS, LASERConfig
 

@@ -63,7 +63,6 @@ from torchrl.modules.distributions import IndependentNormal
 
 from acer_torchrl.objectives import functional
 from acer_torchrl.objectives.common import (
-    NetworkCall,
     ReplayLoss,
     close_segments_at_padding,
     evaluate_with_next_steps,
@@ -75,6 +74,7 @@ from acer_torchrl.objectives.common import (
     trace_cut,
 )
 from acer_torchrl.objectives.names import BEHAVIOUR, MASK_KEY
+from acer_torchrl.objectives.network_call import NetworkCall
 
 
 class ACERLoss(ReplayLoss):

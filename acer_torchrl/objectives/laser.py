@@ -54,14 +54,12 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
 from acer_torchrl.objectives.common import (
-    NetworkCall,
     ReplayLoss,
     close_segments_at_padding,
     masked_mean,
     next_state_values,
     observation_keys,
     policy_distribution,
-    policy_keys,
     sequence_mask,
     trace_cut,
 )
@@ -71,7 +69,8 @@ from acer_torchrl.objectives.functional import (
     truncated_importance_weights,
     vtrace_from_weights,
 )
-from acer_torchrl.objectives.names import BEHAVIOUR
+from acer_torchrl.objectives.names import BEHAVIOUR, policy_keys
+from acer_torchrl.objectives.network_call import NetworkCall
 
 
 class LASERLoss(ReplayLoss):
@@ -93,7 +92,7 @@ class LASERLoss(ReplayLoss):
 
     Args:
         network: learning module reading a step (``observation``, recurrent state, ``is_init``) and
-            writing the policy statistics (:func:`~acer_torchrl.modules.policy_keys`) and ``state_value``.
+            writing the policy statistics (:func:`~acer_torchrl.objectives.names.policy_keys`) and ``state_value``.
         discrete: a categorical policy over logits (True) or a diagonal Gaussian (``loc``, ``scale``).
         gamma: discount.
         seq_len: steps per sequence.
@@ -185,7 +184,7 @@ class LASERLoss(ReplayLoss):
             self.convert_to_functional(network, "network", create_target_params=True)
         else:
             self.network = network
-        self._network = NetworkCall(self.network)  # on tensors when feed-forward (common.TensorCall)
+        self._network = NetworkCall(self.network)  # on tensors when feed-forward (network_call.TensorCall)
         self.target_update = target_update
         self.discrete = discrete
         self.gamma = gamma

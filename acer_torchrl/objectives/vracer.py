@@ -34,9 +34,10 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from tensordict.utils import NestedKey
 
-from acer_torchrl.objectives.common import NetworkCall, ReplayLoss, masked_mean, padding_mask
+from acer_torchrl.objectives.common import ReplayLoss, masked_mean, padding_mask
 from acer_torchrl.objectives.functional import truncated_normal_log_prob, truncation_log_z
 from acer_torchrl.objectives.names import BEHAVIOUR
+from acer_torchrl.objectives.network_call import NetworkCall
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
 
 STORED = "vracer"  # root of a batch's V^tbc and Q^ret (VRACEREstimates.before_update adds them)
@@ -218,7 +219,7 @@ class VRACERLoss(ReplayLoss):
     ):
         super().__init__()
         self.network = network
-        self._network = NetworkCall(network)  # on tensors when its modules allow (common.TensorCall)
+        self._network = NetworkCall(network)  # on tensors when its modules allow (network_call.TensorCall)
         self.network_call = network_call
         self.refer = ReFER(C=C, A=A, D=D, lr=lr, rule1=rule1, rule2=rule2)
         self.steps_per_update = steps_per_update
