@@ -29,7 +29,6 @@ from tqdm import tqdm
 
 from acer_torchrl._torchrl_compat import foreach_mul_, foreach_norm
 from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
 from acer_torchrl.commands import shell_command
@@ -44,6 +43,7 @@ from acer_torchrl.optim import AdamStep, adam_settings
 from acer_torchrl.processes import RunGuard, StopSignals
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay
 from acer_torchrl.rundir import default_run_dir, prepare_run_dir
+from acer_torchrl.settings import get_algorithm
 
 
 class TrainingError(RuntimeError):

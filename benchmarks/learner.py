@@ -58,11 +58,11 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info
 from acer_torchrl.modules import make_encoder
 from acer_torchrl.replay import TRAJ_KEY
+from acer_torchrl.settings import get_algorithm
 from acer_torchrl.trainer import Trainer, learner_threads
 from throughput import plain_loop  # benchmarks/throughput.py: the plain gymnasium loop
 

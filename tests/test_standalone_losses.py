@@ -12,12 +12,13 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from acer_torchrl.algorithms import get_algorithm, loss_options
+from acer_torchrl.algorithms import loss_options
 from acer_torchrl.config import load_config
 from acer_torchrl.estimates.vracer import episode_targets
 from acer_torchrl.objectives import ACERLoss, LASERLoss, ReactorLoss, VRACERLoss
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.objectives.names import OUTPUTS
+from acer_torchrl.settings import get_algorithm
 from acer_torchrl.trainer import Trainer
 
 T = 8
