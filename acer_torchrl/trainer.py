@@ -125,7 +125,7 @@ class Trainer:
         self.optimizer_step = AdamStep(self.optimizer)  # optimizer.step(), the same kernel without its Python
         self.params = params
         self.replay: Replay = self.make_replay()
-        self.online = OnlineWindows(self.loss.seq_len)
+        self.online = OnlineWindows(cfg.replay.seq_len)
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
         self.log = MetricsLog(self.run_dir, make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb))
         self.health = Health(self.agent.value_keys, gamma=cfg.gamma,
@@ -288,7 +288,7 @@ class Trainer:
     def draw_batch(self, online_share: float) -> TensorDictBase | None:
         """A batch holding ``online_share`` of the freshest collected windows, the rest from replay."""
         cfg = self.cfg.replay
-        seq_len = self.loss.seq_len
+        seq_len = cfg.seq_len
         if online_share >= 1.0:
             return self.online.latest
         n_online = int(round(online_share * cfg.batch_size))

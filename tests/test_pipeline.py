@@ -54,7 +54,7 @@ class ProbeLoss(ReplayLoss):
 
     def __init__(self, net, info, online_steps):
         super().__init__()
-        self.net, self.info, self.online_steps, self.seq_len = net, info, online_steps, 4
+        self.net, self.info, self.online_steps = net, info, online_steps
 
     def update_plan(self, rng):
         return [1.0] * self.online_steps + [0.0]
@@ -74,7 +74,8 @@ def build_probe(cfg, info):
     return Agent(ProbeLoss(net, info, cfg.algo.online_steps), acting_policy(torso, head, info), [torso])
 
 
-ALGORITHM = Algorithm("probe", ProbeConfig, f"{__name__}.build_probe", {"tiny": {"env.name": "CartPole-v1"}}, "tiny")
+ALGORITHM = Algorithm("probe", ProbeConfig, f"{__name__}.build_probe",
+                      {"tiny": {"env.name": "CartPole-v1", "replay.seq_len": 4}}, "tiny")
 FAST = ["network.hidden=16", "collector.frames_per_batch=32", "replay.min_size=64", "replay.batch_size=4",
         "eval.episodes=1", "eval.max_steps=50", "log.progress=false"]
 

@@ -62,7 +62,7 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         critic,
         advantage,
         **loss_options(
-            a, ACERLoss, BUILD_READS, discrete=info.discrete, gamma=cfg.gamma, seq_len=cfg.replay.seq_len,
+            a, ACERLoss, BUILD_READS, discrete=info.discrete, gamma=cfg.gamma,
             hidden_keys=torso.hidden_keys, on_policy=info.discrete if a.on_policy is None else a.on_policy,
         ),
     )

@@ -38,8 +38,7 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     loss = LASERLoss(
         network,
         **loss_options(
-            algo, LASERLoss, BUILD_READS, discrete=info.discrete, gamma=cfg.gamma, seq_len=cfg.replay.seq_len,
-            hidden_keys=torso.hidden_keys,
+            algo, LASERLoss, BUILD_READS, discrete=info.discrete, gamma=cfg.gamma, hidden_keys=torso.hidden_keys,
         ),
     )
     updaters = [target_updater(loss, algo.target_update)] if algo.target_update else []

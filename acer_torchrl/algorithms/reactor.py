@@ -200,7 +200,7 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         nets.q_network,
         **loss_options(
             rc, ReactorLoss, BUILD_READS, gamma=cfg.gamma, learned_behaviour=rc.behaviour == "learned",
-            seq_len=cfg.replay.seq_len, hidden_keys=hidden_keys,
+            hidden_keys=hidden_keys,
         ),
     )
     pi_torso = nets.torsos[1]

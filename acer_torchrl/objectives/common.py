@@ -30,15 +30,14 @@ def objective(out: TensorDictBase) -> torch.Tensor:
 
 
 class ReplayLoss(LossModule):
-    """Base of the four losses. Subclasses set ``seq_len`` and override the hooks they need.
+    """Base of the four losses. Subclasses override the hooks they need. A loss takes batches of any sequence length
+    (the replay's ``replay.seq_len``; V-RACER's single steps: 1).
 
     Attributes:
-        seq_len: steps per sampled sequence (1: single steps, as V-RACER).
         value_keys: the output entries that are value estimates, watched for a blow-up with the loss terms
             and the gradient norm (:mod:`acer_torchrl.health`).
     """
 
-    seq_len: int = 1
     value_keys: tuple[str, ...] = ()
 
     @property

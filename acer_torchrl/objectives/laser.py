@@ -95,7 +95,6 @@ class LASERLoss(ReplayLoss):
             writing the policy statistics (:func:`~acer_torchrl.objectives.names.policy_keys`) and ``state_value``.
         discrete: a categorical policy over logits (True) or a diagonal Gaussian (``loc``, ``scale``).
         gamma: discount.
-        seq_len: steps per sequence.
         hidden_keys: recurrent state keys written by ``network`` under ``("next", key)`` (empty when
             feed-forward).
         The other keyword arguments are the fields of :class:`LASERConfig`.
@@ -112,7 +111,7 @@ class LASERLoss(ReplayLoss):
         ...     TensorDictModule(nn.Linear(n_obs, n_act), ["observation"], ["logits"]),
         ...     TensorDictModule(nn.Linear(n_obs, 1), ["observation"], ["state_value"]),
         ... )
-        >>> loss = LASERLoss(network, discrete=True, gamma=0.99, seq_len=T)
+        >>> loss = LASERLoss(network, discrete=True, gamma=0.99)
         >>> mu = torch.distributions.Categorical(logits=torch.randn(B, T, n_act))  # the acting policy
         >>> action = mu.sample()
         >>> batch = TensorDict({
@@ -166,7 +165,6 @@ class LASERLoss(ReplayLoss):
         *,
         discrete: bool,
         gamma: float = 0.99,
-        seq_len: int,
         hidden_keys: list[str] | tuple[str, ...] = (),
         online_share: float = 0.125,
         updates_per_batch: int = 1,
@@ -188,7 +186,6 @@ class LASERLoss(ReplayLoss):
         self.target_update = target_update
         self.discrete = discrete
         self.gamma = gamma
-        self.seq_len = seq_len
         self.hidden_keys = list(hidden_keys)
         self.online_share = online_share
         self.updates_per_batch = updates_per_batch

@@ -225,7 +225,6 @@ class VRACERLoss(ReplayLoss):
         self.steps_per_update = steps_per_update
         self.truncation = truncation
         self._log_z = truncation_log_z(truncation)
-        self.seq_len = 1
         self._pending_updates = 0.0  # gradient steps owed to the env steps collected (F, App. A)
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
