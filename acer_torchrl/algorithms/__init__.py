@@ -28,7 +28,8 @@ def loss_options(section: Any, loss_cls: type, build_reads: tuple[str, ...], **g
     this package) and in the config dataclass (its range and the presets); ``build`` does not list it.
 
     ``build_reads`` are the fields ``build`` reads itself (:attr:`~acer_torchrl.settings.Algorithm.build_reads`);
-    a field of ``section`` that is neither a loss argument nor one of them raises :class:`ConfigError`, so that no setting is dropped."""
+    a field of ``section`` that is neither a loss argument nor one of them raises :class:`ConfigError`, so that no
+    setting is dropped."""
     unread = unread_fields(section, loss_cls, build_reads)
     if unread:
         raise ConfigError(

@@ -184,4 +184,6 @@ PRESETS: dict[str, dict[str, object]] = {
 # the fields of ACERConfig that build (algorithms/acer.py) reads itself (the others go to ACERLoss)
 BUILD_READS = ("init_std", "learn_std", "sdn_hidden", "on_policy", "trust_region", "target_update", "alpha")
 
-ALGORITHM = Algorithm("acer", ACERConfig, "acer_torchrl.algorithms.acer.build", PRESETS, DEFAULT_PRESET, BUILD_READS)
+ALGORITHM = Algorithm(
+    "acer", ACERConfig, "acer_torchrl.algorithms.acer.build", PRESETS, DEFAULT_PRESET, BUILD_READS
+)

@@ -176,4 +176,6 @@ PRESETS: dict[str, dict] = {
 # the fields of LASERConfig that build (algorithms/laser.py) reads itself (the others go to LASERLoss)
 BUILD_READS = ("init_std", "learn_std", "target_update")
 
-ALGORITHM = Algorithm("laser", LASERConfig, "acer_torchrl.algorithms.laser.build", PRESETS, DEFAULT_PRESET, BUILD_READS)
+ALGORITHM = Algorithm(
+    "laser", LASERConfig, "acer_torchrl.algorithms.laser.build", PRESETS, DEFAULT_PRESET, BUILD_READS
+)

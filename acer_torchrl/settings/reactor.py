@@ -166,4 +166,6 @@ PRESETS = {
 # the fields of ReactorConfig that build (algorithms/reactor.py) reads itself (the others go to ReactorLoss)
 BUILD_READS = ("head_hidden", "epsilon", "behaviour", "target_update")
 
-ALGORITHM = Algorithm("reactor", ReactorConfig, "acer_torchrl.algorithms.reactor.build", PRESETS, DEFAULT_PRESET, BUILD_READS)
+ALGORITHM = Algorithm(
+    "reactor", ReactorConfig, "acer_torchrl.algorithms.reactor.build", PRESETS, DEFAULT_PRESET, BUILD_READS
+)

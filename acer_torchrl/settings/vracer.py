@@ -73,4 +73,6 @@ PRESETS: dict[str, dict] = {
 # the fields of VRACERConfig that build (algorithms/vracer.py) reads itself (the others go to VRACERLoss)
 BUILD_READS = ("epsilon", "init_std", "truncation", "reward_scale_interval")
 
-ALGORITHM = Algorithm("vracer", VRACERConfig, "acer_torchrl.algorithms.vracer.build", PRESETS, DEFAULT_PRESET, BUILD_READS)
+ALGORITHM = Algorithm(
+    "vracer", VRACERConfig, "acer_torchrl.algorithms.vracer.build", PRESETS, DEFAULT_PRESET, BUILD_READS
+)
