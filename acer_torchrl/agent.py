@@ -24,7 +24,7 @@ class Agent:
         torsos: the recurrent torsos whose state rides in collected steps (empty when feed-forward).
         updaters: objects with ``step()`` called after every optimiser step (target / average networks).
         estimates: per-step estimates kept beside the replay, which the loss reads from its batches (V-RACER's
-            :class:`~acer_torchrl.objectives.vracer_estimates.VRACEREstimates`); the trainer calls them through
+            :class:`~acer_torchrl.estimates.vracer.VRACEREstimates`); the trainer calls them through
             :meth:`after_extend`, :meth:`before_update` and :meth:`after_update`, and checkpoints their
             ``state_dict()``. None: the loss needs nothing but the replay's steps.
     """

@@ -15,6 +15,7 @@ from acer_torchrl.checkpoint import CheckpointError
 from acer_torchrl.commands import shell_command
 from acer_torchrl.config import ConfigError, load_config, override_value, unused_settings
 from acer_torchrl.processes import HelperDied, Interrupted, StopSignals
+from acer_torchrl.rundir import refuse_sweep_resume
 
 USER_ERRORS = (ConfigError, CheckpointError)
 
@@ -26,7 +27,6 @@ def run(recipe: str, overrides: list[str], stop_signals: StopSignals | None = No
     ``overrides`` that the run reads nowhere is said in a ``note:`` line on stderr once the run is built (a refused
     run ends with its one error line only)."""
     from acer_torchrl.processes import RunGuard
-    from acer_torchrl.shared_replay import refuse_sweep_resume
     from acer_torchrl.trainer import Trainer
 
     refuse_sweep_resume(override_value(overrides, "resume"))

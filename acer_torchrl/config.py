@@ -25,12 +25,11 @@ import yaml
 
 from acer_torchrl.commands import shell_command
 from acer_torchrl.rundir import check_dir_name
+from acer_torchrl.settings import REGISTRY, get_algorithm
 from acer_torchrl.settings.env import EnvConfig
-from acer_torchrl.validation import INT64, ConfigError, allowed, check_allowed
+from acer_torchrl.validation import INT64, MAX_WIDTH, ConfigError, allowed, check_allowed
 
 ACTIVATIONS = ("relu", "tanh", "elu", "softsign")
-# the largest layer width accepted: a mistyped width (e.g. 1e6) would otherwise try to allocate terabytes
-MAX_WIDTH = "[1, 8192]"
 
 
 @allowed(workers="[0, 256]", frames_per_batch="[1, 1e6]")
@@ -104,7 +103,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 @allowed(seed="[0, 1e9]", total_frames="[1, inf)", gamma="(0, 1]", threads="[0, 1024]", compile_mode=COMPILE_MODES)
 @dataclass
 class Config:
-    loss: str = "acer"  # the algorithm: one of the registry (acer_torchrl/algorithms/__init__.py)
+    loss: str = "acer"  # the algorithm: one of the registry (acer_torchrl/settings/__init__.py)
     preset: str | None = None  # the algorithm's named override set, applied before the other keys
     seed: int = 0  # seeds torch, numpy, the replay's sampler, the envs (offset per worker) and each evaluation
     total_frames: int = 50_000  # env steps
@@ -143,8 +142,6 @@ class Config:
 
     def preset_values(self) -> tuple[str, dict[str, Any]] | None:
         """``(name, its key: value dict)`` of the run's preset, None without one (what an error's example shows)."""
-        from acer_torchrl.algorithms import REGISTRY, get_algorithm
-
         if self.preset is None or self.loss not in REGISTRY:
             return None
         presets = get_algorithm(self.loss).presets
@@ -373,8 +370,6 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, str]]:
 
 
 def algorithm_names() -> tuple[str, ...]:
-    from acer_torchrl.algorithms import REGISTRY
-
     return tuple(REGISTRY)
 
 
@@ -384,8 +379,6 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
     With ``resume=<run_dir>`` the saved ``config.yaml`` of that run is the base instead and the other
     overrides (typically ``total_frames=``) are applied on top of it.
     """
-    from acer_torchrl.algorithms import get_algorithm
-
     pairs = parse_overrides(overrides)
     given = dict(pairs)
     if "resume" in given and given["resume"]:
@@ -590,8 +583,6 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 def from_dict(data: dict[str, Any]) -> Config:
     """Inverse of :func:`to_dict`, with the same type checks as command-line overrides."""
-    from acer_torchrl.algorithms import get_algorithm
-
     loss = data.get("loss", "acer")
     cfg = Config(loss=loss, algo=get_algorithm(loss).config_cls())
 

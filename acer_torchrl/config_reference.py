@@ -26,8 +26,8 @@ import tokenize
 from pathlib import Path
 from typing import Any
 
-from acer_torchrl.algorithms import REGISTRY
 from acer_torchrl.config import Config
+from acer_torchrl.settings import REGISTRY
 
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 

@@ -27,9 +27,9 @@ from torchrl.modules import LSTMModule
 from torchrl.envs.utils import ExplorationType, exploration_type
 
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
-from acer_torchrl.objectives.common import TensorCall, policy_keys
 from acer_torchrl.objectives.functional import truncated_normal_log_prob, truncated_normal_sample, truncation_log_z
-from acer_torchrl.objectives.names import BEHAVIOUR
+from acer_torchrl.objectives.names import BEHAVIOUR, policy_keys
+from acer_torchrl.objectives.network_call import TensorCall
 
 
 def softsign_and_denominator(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,7 +305,7 @@ class BehaviourSampler(nn.Module):
 
 class ActingPolicy(TensorDictSequential):
     """The acting policy's chain of modules. Called on a TensorDict, it runs them on tensors when every one is a
-    plain ``TensorDictModule`` (:class:`~acer_torchrl.objectives.common.TensorCall`) and writes the same entries
+    plain ``TensorDictModule`` (:class:`~acer_torchrl.objectives.network_call.TensorCall`) and writes the same entries
     (every module's ``out_keys``) into it; otherwise (an LSTM core) it is the ``TensorDictSequential`` call. A
     collector worker or an evaluation calls it once an env step: the TensorDict dispatch was a large
     share of a CartPole MLP policy call (``benchmarks/results/learner.md``)."""
@@ -327,7 +327,7 @@ def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> Acting
     """Stochastic acting policy: torso + ``policy_head`` writing behaviour statistics, then a
     :class:`BehaviourSampler` writing ``"action"`` and ``("behaviour", "log_prob")``.
 
-    ``policy_head`` maps ``"core"`` to the statistics of :func:`policy_keys`. Under
+    ``policy_head`` maps ``"core"`` to the statistics of :func:`~acer_torchrl.objectives.names.policy_keys`. Under
     ``ExplorationType.DETERMINISTIC`` the same module acts greedily (argmax / mean), which is what
     evaluation uses.
     """

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -44,7 +44,6 @@ from acer_torchrl._torchrl_compat import set_write_position, stored_tensordict
 from acer_torchrl.checkpoint import read_tensor, write_tensor
 from acer_torchrl.frame_store import FrameStore, frame_capacity
 from acer_torchrl.objectives.names import MASK_KEY, SLOT_KEY, WRITE_KEY
-from acer_torchrl.objectives.stored_estimates import EpisodeLinks, write_index
 from acer_torchrl.validation import ConfigError
 
 TRAJ_KEY = ("collector", "traj_ids")
@@ -54,6 +53,38 @@ SUCCESSOR_KEYS = ("observation",)  # keys whose ("next", key) is the successor s
 FRAMES_KEY = "observation"  # the key a frame store keeps as single frames (when the replay has one)
 LINK_BYTES = 6 * 8 + 1  # the per-slot links: six int64 and one bool
 COLUMNS = "columns.json"  # beside a saved storage's column files: their keys, dtypes and shapes
+
+
+def write_index(slots: torch.Tensor | np.ndarray, written: int, capacity: int) -> torch.Tensor | np.ndarray:
+    """Which write put the step now in each of ``slots`` there, after ``written`` round-robin writes: the last
+    ``w < written`` with ``w mod capacity == slot`` (``-1``: never written)."""
+    return slots + capacity * ((written - 1 - slots) // capacity)  # torch or NumPy integers
+
+
+class EpisodeLinks(NamedTuple):
+    """How a replay's slots form episodes, all ``[capacity]``."""
+
+    alive: torch.Tensor  # bool: the slot holds a sampleable step
+    episode: torch.Tensor  # int64: episode id of the slot
+    position: torch.Tensor  # int64: step index of the slot inside its episode
+    next: torch.Tensor  # int64: slot of the episode's next step, -1 at its last stored step
+
+
+class EpisodeStore(Protocol):
+    """What stored estimates read of a replay (:class:`~acer_torchrl.replay.EpisodeReplay` is
+    one, a sweep agent's view of the shared replay another): its size and write counter, its episode links
+    and its stored steps."""
+
+    capacity: int
+    steps_written: int  # steps ever written, round robin: step w went to slot w % capacity
+
+    def episode_links(self) -> tuple[int, EpisodeLinks]:
+        """``steps_written`` and the links after those writes, taken together (other writers may go on)."""
+        ...
+
+    def gather(
+        self, idx: torch.Tensor, keys: list[NestedKey] | None = None, device: torch.device | None = None
+    ) -> TensorDictBase: ...
 
 
 def available_memory() -> int | None:
@@ -99,7 +130,7 @@ class Replay(Protocol):
     that never cross an episode boundary (``"mask"`` marks the real steps, ``"slot"`` their slots) or as
     single steps. A loss that keeps estimates per stored step (V-RACER) also reads ``capacity``,
     ``steps_written``, ``episode_links`` and ``gather``
-    (:class:`~acer_torchrl.objectives.stored_estimates.EpisodeStore`).
+    (:class:`EpisodeStore`).
     """
 
     steps_missing: int  # env steps the collectors ran but never delivered

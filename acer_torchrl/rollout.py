@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import load_checkpoint
 from acer_torchrl.cli import USER_ERRORS, capped
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info, make_env
 from acer_torchrl.evaluation import evaluation_env_config
+from acer_torchrl.settings import get_algorithm
 
 
 def episode_summary(rollout, obs_index: int | None) -> str:

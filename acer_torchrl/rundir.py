@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from acer_torchrl.commands import shell_command
 from acer_torchrl.validation import ConfigError
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ RUN_FILES = (
 )
 LOCK_FILE = "run.lock"  # never deleted (overwrite=true leaves it): a new file would be a second lock
 FINISHED_MARKS = ("summary.json", "checkpoint", "checkpoint.old")
+SWEEP_FILE = "sweep.json"  # the sweep's keys as it started, in its directory: what a resume reads back
 NAME_MAX = 255  # bytes in one part of a path (ext4, XFS, NFS, Lustre)
 REASONS = {
     errno.EEXIST: "it is a file, not a directory",
@@ -159,3 +161,17 @@ def delete_old_run(path: Path) -> None:
                 target.unlink()
     except OSError as err:
         raise ConfigError(f"overwrite=true: cannot delete {err.filename or path} ({err.strerror})") from None
+
+
+def refuse_sweep_resume(resume: str | None) -> None:
+    """A one-line :class:`ConfigError` when a single run's ``resume=`` names a sweep directory or one of its agents:
+    resumed alone, an agent would go on without the sweep's shared replay (held by agent 0's checkpoint)."""
+    if resume is None:
+        return
+    check_dir_name(resume, "resume")  # before the path is first touched
+    path = Path(resume)
+    for sweep_dir, what in ((path, "a shared-replay sweep"),
+                            (path.parent, f"an agent of the shared-replay sweep {path.parent}")):
+        if (sweep_dir / SWEEP_FILE).is_file():
+            raise ConfigError(f"resume={resume} is {what}, not a run of its own; resume the sweep with: "
+                              f"{shell_command('recipes/laser_sweep.py', f'resume={sweep_dir}')}")

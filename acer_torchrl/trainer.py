@@ -29,7 +29,6 @@ from tqdm import tqdm
 
 from acer_torchrl._torchrl_compat import foreach_mul_, foreach_norm
 from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
 from acer_torchrl.commands import shell_command
@@ -44,6 +43,7 @@ from acer_torchrl.optim import AdamStep, adam_settings
 from acer_torchrl.processes import RunGuard, StopSignals
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay
 from acer_torchrl.rundir import default_run_dir, prepare_run_dir
+from acer_torchrl.settings import get_algorithm
 
 
 class TrainingError(RuntimeError):
@@ -125,7 +125,7 @@ class Trainer:
         self.optimizer_step = AdamStep(self.optimizer)  # optimizer.step(), the same kernel without its Python
         self.params = params
         self.replay: Replay = self.make_replay()
-        self.online = OnlineWindows(self.loss.seq_len)
+        self.online = OnlineWindows(cfg.replay.seq_len)
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
         self.log = MetricsLog(self.run_dir, make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb))
         self.health = Health(self.agent.value_keys, gamma=cfg.gamma,
@@ -288,7 +288,7 @@ class Trainer:
     def draw_batch(self, online_share: float) -> TensorDictBase | None:
         """A batch holding ``online_share`` of the freshest collected windows, the rest from replay."""
         cfg = self.cfg.replay
-        seq_len = self.loss.seq_len
+        seq_len = cfg.seq_len
         if online_share >= 1.0:
             return self.online.latest
         n_online = int(round(online_share * cfg.batch_size))

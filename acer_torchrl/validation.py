@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 INT64 = (-(2**63), 2**63 - 1)
+# the largest layer width accepted: a mistyped width (e.g. 1e6) would otherwise try to allocate terabytes
+MAX_WIDTH = "[1, 8192]"
 
 
 class ConfigError(ValueError):

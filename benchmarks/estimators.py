@@ -245,7 +245,7 @@ def vtbc_replay(B: int, T: int):
     from acer_torchrl.config import load_config
     from acer_torchrl.envs import env_info
     from acer_torchrl.algorithms.vracer import build
-    from acer_torchrl.objectives.vracer_estimates import NEXT_VALUE, REWARD, RHO, TERMINAL, VALUE
+    from acer_torchrl.estimates.vracer import NEXT_VALUE, REWARD, RHO, TERMINAL, VALUE
     from acer_torchrl.replay import TRAJ_KEY, EpisodeReplay
 
     cfg = load_config("vracer", ["preset=pendulum"])

@@ -58,11 +58,11 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info
 from acer_torchrl.modules import make_encoder
 from acer_torchrl.replay import TRAJ_KEY
+from acer_torchrl.settings import get_algorithm
 from acer_torchrl.trainer import Trainer, learner_threads
 from throughput import plain_loop  # benchmarks/throughput.py: the plain gymnasium loop
 
@@ -162,7 +162,7 @@ def measure(name: str, frames: int | None, floor_updates: int, env_seconds: floa
     info = env_info(cfg.env)
     agent = get_algorithm(algo).build(cfg, info)
     torch.set_num_threads(learner_threads(cfg))
-    s_update = floor_seconds_per_update(cfg, info, max(len(agent.torsos), 1), agent.loss.seq_len, floor_updates)
+    s_update = floor_seconds_per_update(cfg, info, max(len(agent.torsos), 1), cfg.replay.seq_len, floor_updates)
     env_rate, _ = plain_loop(cfg.env.name, env_seconds)
     acting = acting_alone(algo, preset, overrides, acting_frames)
     steps, updates, wall = e2e["env_steps"], e2e["updates"], e2e["wall_time_s"]
@@ -172,7 +172,7 @@ def measure(name: str, frames: int | None, floor_updates: int, env_seconds: floa
         "env": cfg.env.name,
         "env_steps": steps,
         "updates": updates,
-        "batch": [cfg.replay.batch_size, agent.loss.seq_len],
+        "batch": [cfg.replay.batch_size, cfg.replay.seq_len],
         "wall_s": wall,
         "env_steps_per_s": steps / wall,
         "updates_per_s": updates / wall,
@@ -371,9 +371,9 @@ def device_updates(argv: list[str]) -> None:
         cfg = trainer.cfg
         rows.append({"device": device, "updates": args.updates, "seconds": round(seconds, 3),
                      "updates_per_s": round(args.updates / seconds, 1), "threads": torch.get_num_threads(),
-                     "batch": [cfg.replay.batch_size, trainer.loss.seq_len]})
+                     "batch": [cfg.replay.batch_size, cfg.replay.seq_len]})
         print(f"{args.algo}:{args.preset} on {device}: {rows[-1]['updates_per_s']} updates/s "
-              f"(batch {cfg.replay.batch_size} x {trainer.loss.seq_len}, {torch.get_num_threads()} threads)", flush=True)
+              f"(batch {cfg.replay.batch_size} x {cfg.replay.seq_len}, {torch.get_num_threads()} threads)", flush=True)
     result = {"preset": f"{args.algo}:{args.preset}", "overrides": overrides, "stored_steps": len(filled[0]),
               "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
               "cpus": os.cpu_count(), "machine": platform.machine(), "rows": rows}

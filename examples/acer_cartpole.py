@@ -120,7 +120,7 @@ def train(total_frames: int, seed: int) -> None:
     env.set_seed(seed)
     eval_env.set_seed(seed + 1)
     actor, critic, behaviour = make_networks(env.observation_spec["observation"].shape[-1], env.action_spec.n)
-    loss = ACERLoss(actor, critic, discrete=True, gamma=GAMMA, c=10.0, delta=1.0, entropy_coeff=0.01, seq_len=SEQ_LEN)
+    loss = ACERLoss(actor, critic, discrete=True, gamma=GAMMA, c=10.0, delta=1.0, entropy_coeff=0.01)
     average = SoftUpdate(loss, eps=0.99)  # alpha of sec. 3.3: the average policy network's decay
     optimiser = torch.optim.Adam(loss.parameters(), lr=LR, eps=1e-5)
     replay = make_replay()

@@ -39,7 +39,6 @@ from pathlib import Path
 import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
-from acer_torchrl.algorithms import REGISTRY
 from acer_torchrl.cli import with_stop_signals
 from acer_torchrl.cluster import RecipeJob
 from acer_torchrl.commands import shell_command
@@ -47,6 +46,7 @@ from acer_torchrl.config import ConfigError, override_value, without_keys
 from acer_torchrl.metrics import read_summary
 from acer_torchrl.processes import Interrupted
 from acer_torchrl.rundir import check_dir_name, default_run_dir, lock_run_dir, make_writable_dir, refuse_an_old_run
+from acer_torchrl.settings import REGISTRY
 
 TABLE_KEYS = ("env_steps", "eval_return_mean", "wall_time_s")
 SHARED_REPLAY_SWEEP = "laser_sweep"

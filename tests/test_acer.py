@@ -18,8 +18,8 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.objectives import SoftUpdate
 
-from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.algorithms.acer import SDNAdvantage
+from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.objectives.acer import ACERLoss
 from acer_torchrl.objectives.updaters import FusedSoftUpdate, average_updater, target_updater
 from windows import layout, padded_window
@@ -463,7 +463,7 @@ def test_continuous_gradient_wrt_phi_is_eq16(learned_scale, trust_region):
 
 # ---------------------------------------------------------------------------------------------- plumbing
 class NotPlainModule(TensorDictModule):
-    """A TensorDictModule subclass: the loss calls it with TensorDicts (common.NetworkCall), not on tensors."""
+    """A TensorDictModule subclass: the loss calls it with TensorDicts (network_call.NetworkCall), not on tensors."""
 
 
 @pytest.mark.filterwarnings("ignore:No target network updater")  # the loss alone: its test steps no updater
@@ -551,8 +551,8 @@ def test_built_agent_trains_every_network_on_acted_sequences(lstm, target_update
     weights."""
     from torchrl.modules import set_recurrent_mode
 
-    from acer_torchrl.algorithms import get_algorithm
     from acer_torchrl.envs import env_info
+    from acer_torchrl.settings import get_algorithm
 
     overrides = [f"network.lstm={lstm}", "network.lstm_hidden=8", "network.hidden=[16]",
                  f"acer.target_update={target_update}"]
@@ -602,8 +602,8 @@ def test_lstm_bootstraps_from_the_unroll_state_not_the_stored_one():
     values). Reference: Alg. 2's backward recursion over a step-by-step loop of the LSTM cell."""
     from torchrl.modules import set_recurrent_mode
 
-    from acer_torchrl.algorithms import get_algorithm
     from acer_torchrl.envs import EnvInfo
+    from acer_torchrl.settings import get_algorithm
 
     cfg = load_config("acer", ["preset=cartpole", "network.lstm=true", "network.lstm_hidden=8",
                                "network.hidden=[16]", f"gamma={GAMMA}"])

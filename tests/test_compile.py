@@ -12,9 +12,9 @@ import pytest
 import torch
 from torchrl.modules import set_recurrent_mode
 
-from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.objectives.common import objective
+from acer_torchrl.settings import get_algorithm
 from acer_torchrl.trainer import Trainer, train
 
 SMALL = ["device=cpu", "collector.workers=0", "log.progress=false", "eval.background=false", "threads=1"]

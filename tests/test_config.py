@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from acer_torchrl.algorithms import REGISTRY
 from acer_torchrl.config import ConfigError, dump_yaml, from_dict, load_config, to_dict
+from acer_torchrl.settings import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,8 +118,8 @@ def test_cli_prints_one_line_and_exits_2_without_traceback(override, start):
 ])
 def test_build_hands_each_config_option_to_the_loss(tmp_path, algo, key, value, read):
     """``build`` passes a loss its options by name (``algorithms.loss_options``), without listing them."""
-    from acer_torchrl.algorithms import get_algorithm
     from acer_torchrl.envs import env_info
+    from acer_torchrl.settings import get_algorithm
 
     cfg = load_config(algo, [f"{key}={value}", f"run_dir={tmp_path}"])
     loss = get_algorithm(algo).build(cfg, env_info(cfg.env)).loss
@@ -128,7 +129,7 @@ def test_build_hands_each_config_option_to_the_loss(tmp_path, algo, key, value, 
 def fields_build_reads(algo, env_name, run_dir, monkeypatch):
     """The fields of ``cfg.algo`` that ``algo``'s ``build`` reads on ``env_name`` (those ``loss_options`` reads
     left out), and the loss it builds."""
-    from acer_torchrl.algorithms import get_algorithm
+    from acer_torchrl.settings import get_algorithm
     from acer_torchrl.envs import env_info
 
     algorithm = get_algorithm(algo)
@@ -141,7 +142,7 @@ def fields_build_reads(algo, env_name, run_dir, monkeypatch):
             return super().__getattribute__(name)
 
     cfg.algo = Recorded(**{name: getattr(plain, name) for name in names})
-    module = sys.modules[algorithm.build.__module__]
+    module = importlib.import_module(algorithm.builder.rpartition(".")[0])
     options = module.loss_options
     monkeypatch.setattr(module, "loss_options", lambda section, *args, **given: options(plain, *args, **given))
     loss = algorithm.build(cfg, env_info(cfg.env)).loss
@@ -154,7 +155,8 @@ def test_every_field_of_the_section_reaches_the_loss_or_build(tmp_path, monkeypa
     """Each field of ``<algo>.*`` is an argument of the loss or one of ``build_reads``, and ``build`` itself reads
     exactly ``build_reads`` (recorded during builds on a discrete and a continuous env, those the algorithm takes,
     the reads of ``loss_options`` left out): a field nothing reads, or one ``build`` reads undeclared, fails here."""
-    from acer_torchrl.algorithms import get_algorithm, unread_fields
+    from acer_torchrl.algorithms import unread_fields
+    from acer_torchrl.settings import get_algorithm
 
     algorithm = get_algorithm(algo)
     built = []
@@ -167,11 +169,11 @@ def test_every_field_of_the_section_reaches_the_loss_or_build(tmp_path, monkeypa
 
 
 def test_loss_options_refuses_a_field_nothing_reads():
-    from acer_torchrl.algorithms import acer, loss_options
+    from acer_torchrl.algorithms import loss_options
     from acer_torchrl.objectives.acer import ACERLoss
-    from acer_torchrl.settings.acer import ACERConfig
+    from acer_torchrl.settings.acer import BUILD_READS, ACERConfig
 
     section = dataclasses.make_dataclass("Misspelt", [("replay_ration", float, 4.0)], bases=(ACERConfig,))()
     with pytest.raises(ConfigError, match="Misspelt field.s. replay_ration reach nothing") as err:
-        loss_options(section, ACERLoss, acer.BUILD_READS)
+        loss_options(section, ACERLoss, BUILD_READS)
     assert "\n" not in str(err.value)

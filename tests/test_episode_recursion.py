@@ -1,13 +1,13 @@
 """The eq. 8 recursion over a replay's stored episodes, kept current while the replay is written
-(``objectives/episode_recursion.py``): against a plain backward loop along the replay's links."""
+(``estimates/episode_recursion.py``): against a plain backward loop along the replay's links."""
 
 import random
 
 import torch
 
-from acer_torchrl.objectives.episode_recursion import EpisodeRecursion
-from acer_torchrl.objectives.stored_estimates import EpisodeLinks, SlotEstimates
-from acer_torchrl.replay import EpisodeReplay
+from acer_torchrl.estimates.episode_recursion import EpisodeRecursion
+from acer_torchrl.estimates.slots import SlotEstimates
+from acer_torchrl.replay import EpisodeLinks, EpisodeReplay
 from test_replay import make_rows
 
 

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
+from acer_torchrl.estimates.affine_tree import AffineSuffixTree
 from acer_torchrl.objectives import functional as F
-from acer_torchrl.objectives.affine_tree import AffineSuffixTree
 from acer_torchrl.objectives.functional import (
     ImportanceWeights,
     VTraceReturns,

@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.distributions as D
 
-from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.config import load_config
+from acer_torchrl.settings import get_algorithm
 from acer_torchrl.trainer import Trainer
 
 pytestmark = [

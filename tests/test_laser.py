@@ -87,7 +87,7 @@ def make_loss(discrete: bool = True, **kwargs) -> LASERLoss:
     )
     info = discrete_info() if discrete else gaussian_info()
     kwargs = {"rho_bar": RHO_BAR, "c_bar": C_BAR, "kl_threshold": 0.3, **kwargs}
-    return LASERLoss(net, discrete=info.discrete, gamma=GAMMA, seq_len=T, **kwargs)
+    return LASERLoss(net, discrete=info.discrete, gamma=GAMMA, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------- reference
@@ -233,7 +233,7 @@ def test_target_network_builds_the_vtrace_targets_and_is_copied_by_its_updater()
     def loss_with(target_update: int, shift: float):
         readout = ShiftedReadOut()
         net = TensorDictSequential(TensorDictModule(readout, in_keys=["observation"], out_keys=["logits", "state_value"]))
-        loss = LASERLoss(net, discrete=True, gamma=GAMMA, seq_len=T, rho_bar=RHO_BAR, c_bar=C_BAR, kl_threshold=0.3,
+        loss = LASERLoss(net, discrete=True, gamma=GAMMA, rho_bar=RHO_BAR, c_bar=C_BAR, kl_threshold=0.3,
                          target_update=target_update)
         updater = target_updater(loss, target_update) if target_update else None  # made with the loss, as build does
         with torch.no_grad():
@@ -367,7 +367,7 @@ def test_recurrent_next_state_value_is_exact():
         TensorDictModule(nn.Linear(6, A), in_keys=["core"], out_keys=["logits"]),
         TensorDictModule(value_head, in_keys=["core"], out_keys=["state_value"]),
     )
-    loss = LASERLoss(network, discrete=info.discrete, gamma=GAMMA, seq_len=T, hidden_keys=torso.hidden_keys)
+    loss = LASERLoss(network, discrete=info.discrete, gamma=GAMMA, hidden_keys=torso.hidden_keys)
     td = make_batch(A + 1, discrete_stats, seed=4).apply(lambda x: x.float() if x.is_floating_point() else x)
     g = torch.Generator().manual_seed(1)
     h0, c0 = torch.randn(B, 1, 6, generator=g), torch.randn(B, 1, 6, generator=g)  # refreshed start state

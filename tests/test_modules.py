@@ -12,7 +12,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import LSTMModule
 
 from acer_torchrl.modules import ActingPolicy, BehaviourSampler, GaussianHead, Softsign, TruncatedGaussian
-from acer_torchrl.objectives.common import NetworkCall, TensorCall
+from acer_torchrl.objectives.network_call import NetworkCall, TensorCall
 
 
 def test_discrete_draws_are_categoricals_draws_with_their_log_prob():

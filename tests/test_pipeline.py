@@ -27,17 +27,17 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torch import nn
 
-from acer_torchrl import algorithms
+from acer_torchrl import settings
 from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import Algorithm
+from acer_torchrl.checkpoint import CheckpointError, write_manifest
 from acer_torchrl.cli import run
 from acer_torchrl.commands import shell_command
 from acer_torchrl.config import ConfigError
-from acer_torchrl.checkpoint import CheckpointError, write_manifest
 from acer_torchrl.modules import acting_policy, learning_module, make_torso
 from acer_torchrl.objectives.common import policy_distribution
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask
 from acer_torchrl.replay import EpisodeReplay
+from acer_torchrl.settings import Algorithm
 from planted import plant_pickle
 from process_group import signal_group, wait_for
 
@@ -54,7 +54,7 @@ class ProbeLoss(ReplayLoss):
 
     def __init__(self, net, info, online_steps):
         super().__init__()
-        self.net, self.info, self.online_steps, self.seq_len = net, info, online_steps, 4
+        self.net, self.info, self.online_steps = net, info, online_steps
 
     def update_plan(self, rng):
         return [1.0] * self.online_steps + [0.0]
@@ -74,14 +74,15 @@ def build_probe(cfg, info):
     return Agent(ProbeLoss(net, info, cfg.algo.online_steps), acting_policy(torso, head, info), [torso])
 
 
-ALGORITHM = Algorithm("probe", ProbeConfig, build_probe, {"tiny": {"env.name": "CartPole-v1"}}, "tiny")
+ALGORITHM = Algorithm("probe", ProbeConfig, f"{__name__}.build_probe",
+                      {"tiny": {"env.name": "CartPole-v1", "replay.seq_len": 4}}, "tiny")
 FAST = ["network.hidden=16", "collector.frames_per_batch=32", "replay.min_size=64", "replay.batch_size=4",
         "eval.episodes=1", "eval.max_steps=50", "log.progress=false"]
 
 
 @pytest.fixture
 def probe_registered(monkeypatch):
-    monkeypatch.setitem(algorithms.REGISTRY, "probe", __name__)  # a new loss joins with one line
+    monkeypatch.setitem(settings.REGISTRY, "probe", __name__)  # a new loss joins with one line
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     monkeypatch.setenv("PYTHONPATH", f"{Path(__file__).parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
 
@@ -136,7 +137,7 @@ def test_replay_keeps_behaviour_statistics_but_not_the_policy_activations(tmp_pa
 def test_killed_run_resumes_with_its_replay_and_step_counts(tmp_path, probe_registered, memmap):
     """SIGKILL a run after its first checkpoint; resume=<run_dir> continues from that checkpoint (with a memory-
     mapped replay too, whose scratch files the killed run left in the run directory)."""
-    code = ("import sys; from acer_torchrl import algorithms, cli; algorithms.REGISTRY['probe'] = 'test_pipeline'; "
+    code = ("import sys; from acer_torchrl import settings, cli; settings.REGISTRY['probe'] = 'test_pipeline'; "
             "sys.exit(cli.main('probe'))")
     args = [sys.executable, "-c", code,
             f"run_dir={tmp_path}", "total_frames=100000", "collector.workers=2", "log.checkpoint_interval=256",

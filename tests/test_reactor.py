@@ -39,7 +39,7 @@ def make_loss(lstm_hidden=None, learned=False, **kwargs):
     hidden_keys = [k for t in nets.torsos for k in t.hidden_keys] if lstm_hidden else []
     loss = ReactorLoss(
         nets.network, nets.q_network, gamma=GAMMA, lam=LAM, learned_behaviour=learned,
-        hidden_keys=hidden_keys, seq_len=6, **kwargs,
+        hidden_keys=hidden_keys, **kwargs,
     )
     updater = target_updater(loss, 2)
     target = copy.deepcopy(nets.network)  # Q_T = the network as it is now

@@ -11,9 +11,9 @@ from torchrl.modules import set_recurrent_mode
 from acer_torchrl._torchrl_compat import stored_tensordict
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.envs import EnvInfo
+from acer_torchrl.estimates.slots import SlotEstimates
 from acer_torchrl.modules import make_torso
-from acer_torchrl.objectives.stored_estimates import SlotEstimates, write_index
-from acer_torchrl.replay import _LINKS, EpisodeReplay, OnlineWindows
+from acer_torchrl.replay import _LINKS, EpisodeReplay, OnlineWindows, write_index
 from planted import plant_pickle
 
 

@@ -78,7 +78,7 @@ APPLIED = {
     "collector.frames_per_batch": (40, lambda t: collector_options(t)["frames_per_batch"] == 40),
     # read from the trainer's config at each draw (Trainer.draw_batch)
     "replay.batch_size": (None, lambda t: t.cfg.replay.batch_size == t.new["replay.batch_size"]),
-    "replay.seq_len": (None, lambda t: t.loss.seq_len == t.online.seq_len == t.new["replay.seq_len"]),
+    "replay.seq_len": (None, lambda t: t.cfg.replay.seq_len == t.online.seq_len == t.new["replay.seq_len"]),
     "replay.min_size": (128, lambda t: t.cfg.replay.min_size == 128 and getattr(t.agent.estimates, "n_start", 128) == 128),
     "replay.recurrent_state": ("zero", lambda t: t.cfg.replay.recurrent_state == "zero"),
     "optim.lr": (2e-3, lambda t: t.optimizer.param_groups[0]["lr"] == expected_lr(t)),

@@ -27,8 +27,7 @@ from torchrl.modules import set_recurrent_mode
 from acer_torchrl.config import ConfigError, dump_yaml
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import make_torso
-from acer_torchrl.objectives.stored_estimates import EpisodeStore
-from acer_torchrl.replay import EpisodeReplay, Replay
+from acer_torchrl.replay import EpisodeReplay, EpisodeStore, Replay
 from acer_torchrl.shared_replay import (
     AGENT_KEY,
     AgentReplay,

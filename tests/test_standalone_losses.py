@@ -7,17 +7,19 @@ hand-made TensorDict of steps that end terminated, truncated or not at all, give
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from acer_torchrl.algorithms import get_algorithm, loss_options
+from acer_torchrl.algorithms import loss_options
 from acer_torchrl.config import load_config
+from acer_torchrl.estimates.vracer import episode_targets
 from acer_torchrl.objectives import ACERLoss, LASERLoss, ReactorLoss, VRACERLoss
-from acer_torchrl.objectives.common import objective
+from acer_torchrl.objectives.common import ReplayLoss, objective
 from acer_torchrl.objectives.names import OUTPUTS
-from acer_torchrl.objectives.vracer_estimates import episode_targets
+from acer_torchrl.settings import get_algorithm
 from acer_torchrl.trainer import Trainer
 
 T = 8
@@ -91,7 +93,7 @@ def sequence_case(algo: str, tmp_path) -> tuple[Trainer, torch.nn.Module, Tensor
     batch of steps."""
     trainer = pipeline(algo, "cartpole", tmp_path)
     loss = trainer.loss
-    common = dict(gamma=0.9, seq_len=T, hidden_keys=[])
+    common = dict(gamma=0.9, hidden_keys=[])
     if isinstance(loss, ACERLoss):
         standalone = standalone_loss(trainer, (loss.actor_network, loss.critic_network, None), discrete=True,
                                      on_policy=True, **common)
@@ -110,6 +112,14 @@ def test_a_sequence_loss_on_a_hand_made_batch_gives_the_pipelines_numbers(tmp_pa
     trainer, standalone, td = sequence_case(algo, tmp_path)
     stats = trainer.update(td.clone())
     assert_same_numbers(standalone, td, stats)
+
+
+@pytest.mark.parametrize("loss_cls", [ACERLoss, LASERLoss, ReactorLoss, VRACERLoss])
+def test_the_sequence_length_is_the_replays_not_the_losss(loss_cls):
+    """A loss takes batches of whatever sequence length the replay draws (``replay.seq_len``, which the trainer
+    reads): none takes ``seq_len`` or keeps one."""
+    assert "seq_len" not in inspect.signature(loss_cls).parameters
+    assert not hasattr(ReplayLoss, "seq_len")
 
 
 def vracer_case(tmp_path) -> tuple[Trainer, torch.nn.Module, TensorDict, torch.Tensor]:

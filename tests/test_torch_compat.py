@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from acer_torchrl import _torchrl_compat as compat
-from acer_torchrl.algorithms import get_algorithm
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info
 from acer_torchrl.objectives.updaters import parameter_pairs
+from acer_torchrl.settings import get_algorithm
 
 
 def tensors(seed: int) -> list[torch.Tensor]:

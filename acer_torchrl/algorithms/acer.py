@@ -11,14 +11,14 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import Algorithm, loss_options
+from acer_torchrl.algorithms import loss_options
 from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import GaussianHead, MLPEncoder, acting_policy, learning_module, make_torso
 from acer_torchrl.objectives.acer import ACERLoss
-from acer_torchrl.objectives.common import policy_keys
+from acer_torchrl.objectives.names import policy_keys
 from acer_torchrl.objectives.updaters import average_updater, target_updater
-from acer_torchrl.settings.acer import DEFAULT_PRESET, PRESETS, ACERConfig
+from acer_torchrl.settings.acer import BUILD_READS, ACERConfig
 
 
 class SDNAdvantage(nn.Module):
@@ -34,10 +34,6 @@ class SDNAdvantage(nn.Module):
     def forward(self, core: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         core = core.expand(*action.shape[:-1], core.shape[-1])
         return self.out(self.mlp(torch.cat([core, action], -1)))
-
-
-# the fields of ACERConfig that build reads itself (the others go to ACERLoss)
-BUILD_READS = ("init_std", "learn_std", "sdn_hidden", "on_policy", "trust_region", "target_update", "alpha")
 
 
 def build(cfg: Config, info: EnvInfo) -> Agent:
@@ -66,7 +62,7 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         critic,
         advantage,
         **loss_options(
-            a, ACERLoss, BUILD_READS, discrete=info.discrete, gamma=cfg.gamma, seq_len=cfg.replay.seq_len,
+            a, ACERLoss, BUILD_READS, discrete=info.discrete, gamma=cfg.gamma,
             hidden_keys=torso.hidden_keys, on_policy=info.discrete if a.on_policy is None else a.on_policy,
         ),
     )
@@ -77,6 +73,3 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     if a.target_update:
         updaters.append(target_updater(loss, a.target_update, ("value_network",)))
     return Agent(loss=loss, policy=acting_policy(torso, policy_head, info), torsos=[torso], updaters=updaters)
-
-
-ALGORITHM = Algorithm("acer", ACERConfig, build, PRESETS, DEFAULT_PRESET, BUILD_READS)

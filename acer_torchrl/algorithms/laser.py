@@ -10,18 +10,14 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import Algorithm, loss_options
+from acer_torchrl.algorithms import loss_options
 from acer_torchrl.config import Config
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import GaussianHead, acting_policy, learning_module, make_torso
-from acer_torchrl.objectives.common import policy_keys
 from acer_torchrl.objectives.laser import LASERLoss
+from acer_torchrl.objectives.names import policy_keys
 from acer_torchrl.objectives.updaters import target_updater
-from acer_torchrl.settings.laser import DEFAULT_PRESET, PRESETS, LASERConfig
-
-
-# the fields of LASERConfig that build reads itself (the others go to LASERLoss)
-BUILD_READS = ("init_std", "learn_std", "target_update")
+from acer_torchrl.settings.laser import BUILD_READS, LASERConfig
 
 
 def build(cfg: Config, info: EnvInfo) -> Agent:
@@ -42,12 +38,8 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     loss = LASERLoss(
         network,
         **loss_options(
-            algo, LASERLoss, BUILD_READS, discrete=info.discrete, gamma=cfg.gamma, seq_len=cfg.replay.seq_len,
-            hidden_keys=torso.hidden_keys,
+            algo, LASERLoss, BUILD_READS, discrete=info.discrete, gamma=cfg.gamma, hidden_keys=torso.hidden_keys,
         ),
     )
     updaters = [target_updater(loss, algo.target_update)] if algo.target_update else []
     return Agent(loss=loss, policy=acting_policy(torso, head, info), torsos=[torso], updaters=updaters)
-
-
-ALGORITHM = Algorithm("laser", LASERConfig, build, PRESETS, DEFAULT_PRESET, BUILD_READS)

@@ -14,13 +14,13 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
 from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import Algorithm, loss_options
+from acer_torchrl.algorithms import loss_options
 from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
 from acer_torchrl.modules import FrameEncoder, MinAtarCNN, Torso, acting_policy, make_torso
 from acer_torchrl.objectives.reactor import ReactorLoss
 from acer_torchrl.objectives.updaters import target_updater
-from acer_torchrl.settings.reactor import DEFAULT_PRESET, PRESETS, ReactorConfig
+from acer_torchrl.settings.reactor import BUILD_READS, ReactorConfig
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,10 +179,6 @@ def make_networks(
 # ----------------------------------------------------------------------------------------------
 
 
-# the fields of ReactorConfig that build reads itself (the others go to ReactorLoss)
-BUILD_READS = ("head_hidden", "epsilon", "behaviour", "target_update")
-
-
 def build(cfg: Config, info: EnvInfo) -> Agent:
     rc: ReactorConfig = cfg.algo
     if not info.discrete:
@@ -204,13 +200,10 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         nets.q_network,
         **loss_options(
             rc, ReactorLoss, BUILD_READS, gamma=cfg.gamma, learned_behaviour=rc.behaviour == "learned",
-            seq_len=cfg.replay.seq_len, hidden_keys=hidden_keys,
+            hidden_keys=hidden_keys,
         ),
     )
     pi_torso = nets.torsos[1]
     policy = acting_policy(pi_torso, nets.policy_head, info)
     torsos = nets.torsos if cfg.network.lstm else []
     return Agent(loss=loss, policy=policy, torsos=torsos, updaters=[target_updater(loss, rc.target_update)])
-
-
-ALGORITHM = Algorithm("reactor", ReactorConfig, build, PRESETS, DEFAULT_PRESET, BUILD_READS)

@@ -2,7 +2,7 @@
 (config -> :class:`Agent`).
 
 The loss is :class:`acer_torchrl.objectives.vracer.VRACERLoss`, its stored estimates
-:class:`acer_torchrl.objectives.vracer_estimates.VRACEREstimates`; the ``vracer.*`` keys and presets are in
+:class:`acer_torchrl.estimates.vracer.VRACEREstimates`; the ``vracer.*`` keys and presets are in
 :mod:`acer_torchrl.settings.vracer`.
 
 Deviation: the hidden-layer initialisation is Glorot's uniform ``sqrt(6 / (f_i + f_o))`` (App. A prints
@@ -19,17 +19,17 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from acer_torchrl.agent import Agent
-from acer_torchrl.algorithms import Algorithm, loss_options
+from acer_torchrl.algorithms import loss_options
 from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
+from acer_torchrl.estimates.vracer import VRACEREstimates
 from acer_torchrl.modules import (
     ActingPolicy, BehaviourSampler, GaussianHead, MLPEncoder, Softsign, Standardize, learning_module, make_torso,
     softsign_and_denominator, softsign_backward,
 )
 from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.vracer import VRACERLoss
-from acer_torchrl.objectives.vracer_estimates import VRACEREstimates
-from acer_torchrl.settings.vracer import DEFAULT_PRESET, PRESETS, VRACERConfig
+from acer_torchrl.settings.vracer import BUILD_READS, VRACERConfig
 
 
 class StandardizedMLP(nn.Sequential):
@@ -208,10 +208,6 @@ def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float)
     return ActingPolicy(*network, stats, sampler)
 
 
-# the fields of VRACERConfig that build reads itself (the others go to VRACERLoss)
-BUILD_READS = ("epsilon", "init_std", "truncation", "reward_scale_interval")
-
-
 def build(cfg: Config, info: EnvInfo) -> Agent:
     """One MLP with a value, a mean and a std output (sec. 2, App. A), the V-RACER loss and its stored estimates."""
     if info.discrete:
@@ -236,6 +232,3 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
                                 reward_scale_interval=algo.reward_scale_interval, epsilon=algo.epsilon)
     policy = acting_policy(torso.module, head, algo.truncation)
     return Agent(loss=loss, policy=policy, torsos=[torso], estimates=estimates)
-
-
-ALGORITHM = Algorithm("vracer", VRACERConfig, build, PRESETS, DEFAULT_PRESET, BUILD_READS)

@@ -63,7 +63,6 @@ from torchrl.modules.distributions import IndependentNormal
 
 from acer_torchrl.objectives import functional
 from acer_torchrl.objectives.common import (
-    NetworkCall,
     ReplayLoss,
     close_segments_at_padding,
     evaluate_with_next_steps,
@@ -75,6 +74,7 @@ from acer_torchrl.objectives.common import (
     trace_cut,
 )
 from acer_torchrl.objectives.names import BEHAVIOUR, MASK_KEY
+from acer_torchrl.objectives.network_call import NetworkCall
 
 
 class ACERLoss(ReplayLoss):
@@ -98,7 +98,6 @@ class ACERLoss(ReplayLoss):
             critic) run with ``target_value_network_params``, a copy refreshed every ``target_update`` updates;
             not in ACER, see above.
         replay_ratio, on_policy: Alg. 1's master loop (:meth:`update_plan`).
-        seq_len: steps per sequence.
         hidden_keys: recurrent state keys of ``actor_network``'s LSTM, written under ``("next", key)``
             (empty when feed-forward).
 
@@ -116,7 +115,7 @@ class ACERLoss(ReplayLoss):
         >>> B, T, n_obs, n_act = 2, 5, 4, 3
         >>> actor = TensorDictModule(nn.Linear(n_obs, n_act), ["observation"], ["logits"])
         >>> critic = TensorDictModule(nn.Linear(n_obs, n_act), ["observation"], ["action_value"])
-        >>> loss = ACERLoss(actor, critic, discrete=True, seq_len=T)
+        >>> loss = ACERLoss(actor, critic, discrete=True)
         >>> average_policy = SoftUpdate(loss, eps=0.99)  # its step() after each optimiser step
         >>> mu = torch.distributions.Categorical(logits=torch.randn(B, T, n_act))  # the acting policy
         >>> batch = TensorDict({
@@ -190,7 +189,6 @@ class ACERLoss(ReplayLoss):
         target_update: int = 0,
         replay_ratio: float = 4.0,
         on_policy: bool = True,
-        seq_len: int = 20,
         hidden_keys: list[str] | tuple[str, ...] = (),
     ):
         super().__init__()
@@ -218,7 +216,6 @@ class ACERLoss(ReplayLoss):
         self.target_update = target_update
         self.replay_ratio = replay_ratio
         self.on_policy = on_policy
-        self.seq_len = seq_len
         self.hidden_keys = list(hidden_keys)
 
     # ------------------------------------------------------------------ TorchRL key plumbing

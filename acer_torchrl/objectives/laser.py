@@ -54,14 +54,12 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
 from acer_torchrl.objectives.common import (
-    NetworkCall,
     ReplayLoss,
     close_segments_at_padding,
     masked_mean,
     next_state_values,
     observation_keys,
     policy_distribution,
-    policy_keys,
     sequence_mask,
     trace_cut,
 )
@@ -71,7 +69,8 @@ from acer_torchrl.objectives.functional import (
     truncated_importance_weights,
     vtrace_from_weights,
 )
-from acer_torchrl.objectives.names import BEHAVIOUR
+from acer_torchrl.objectives.names import BEHAVIOUR, policy_keys
+from acer_torchrl.objectives.network_call import NetworkCall
 
 
 class LASERLoss(ReplayLoss):
@@ -93,10 +92,9 @@ class LASERLoss(ReplayLoss):
 
     Args:
         network: learning module reading a step (``observation``, recurrent state, ``is_init``) and
-            writing the policy statistics (:func:`~acer_torchrl.modules.policy_keys`) and ``state_value``.
+            writing the policy statistics (:func:`~acer_torchrl.objectives.names.policy_keys`) and ``state_value``.
         discrete: a categorical policy over logits (True) or a diagonal Gaussian (``loc``, ``scale``).
         gamma: discount.
-        seq_len: steps per sequence.
         hidden_keys: recurrent state keys written by ``network`` under ``("next", key)`` (empty when
             feed-forward).
         The other keyword arguments are the fields of :class:`LASERConfig`.
@@ -113,7 +111,7 @@ class LASERLoss(ReplayLoss):
         ...     TensorDictModule(nn.Linear(n_obs, n_act), ["observation"], ["logits"]),
         ...     TensorDictModule(nn.Linear(n_obs, 1), ["observation"], ["state_value"]),
         ... )
-        >>> loss = LASERLoss(network, discrete=True, gamma=0.99, seq_len=T)
+        >>> loss = LASERLoss(network, discrete=True, gamma=0.99)
         >>> mu = torch.distributions.Categorical(logits=torch.randn(B, T, n_act))  # the acting policy
         >>> action = mu.sample()
         >>> batch = TensorDict({
@@ -167,7 +165,6 @@ class LASERLoss(ReplayLoss):
         *,
         discrete: bool,
         gamma: float = 0.99,
-        seq_len: int,
         hidden_keys: list[str] | tuple[str, ...] = (),
         online_share: float = 0.125,
         updates_per_batch: int = 1,
@@ -185,11 +182,10 @@ class LASERLoss(ReplayLoss):
             self.convert_to_functional(network, "network", create_target_params=True)
         else:
             self.network = network
-        self._network = NetworkCall(self.network)  # on tensors when feed-forward (common.TensorCall)
+        self._network = NetworkCall(self.network)  # on tensors when feed-forward (network_call.TensorCall)
         self.target_update = target_update
         self.discrete = discrete
         self.gamma = gamma
-        self.seq_len = seq_len
         self.hidden_keys = list(hidden_keys)
         self.online_share = online_share
         self.updates_per_batch = updates_per_batch

@@ -9,6 +9,12 @@ WRITE_KEY = "write_index"  # which write put a sampled single step in its slot (
 
 PG_ESTIMATORS = ("beta_loo", "tislr")  # ReactorLoss(pg=...): beta-LOO (eq. 5) or TISLR (sec. 2.2)
 
+
+def policy_keys(discrete: bool) -> list[str]:
+    """Names of the distribution statistics phi (ACER sec. 3.3): logits, or loc and scale."""
+    return ["logits"] if discrete else ["loc", "scale"]
+
+
 # What an update reports, one name per quantity and one quantity per name: the entries of the four losses' outputs
 # (each loss's ``out_keys``), those its stored estimates add after the update (``VRACEREstimates.out_keys``) and the
 # trainer's gradient norm; the columns of metrics.csv. The loss terms are TorchRL's A2C names (their sum is the

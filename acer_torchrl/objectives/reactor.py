@@ -42,9 +42,10 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictParams, TensorDictSequential
 from tensordict.utils import NestedKey
 
-from acer_torchrl.objectives.common import NetworkCall, ReplayLoss, masked_mean, sequence_mask, trace_cut
+from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask, trace_cut
 from acer_torchrl.objectives.functional import retrace
 from acer_torchrl.objectives.names import BEHAVIOUR, PG_ESTIMATORS
+from acer_torchrl.objectives.network_call import NetworkCall
 
 # ----------------------------------------------------------------------------------------------
 # Policy-gradient surrogates (sec. 2.2)
@@ -124,7 +125,7 @@ class ReactorLoss(ReplayLoss):
         pg: ``"beta_loo"`` (eq. 5) or ``"tislr"``. beta_c: ``beta = min(beta_c, 1/mu(A))``.
         tislr_c: TISLR's truncation. entropy_coeff: entropy bonus per unit of mean action gap.
         learned_behaviour: use mu-hat (trained by cross-entropy) instead of the stored mu.
-        seq_len: steps per replayed sequence. hidden_keys: recurrent state keys of the network's LSTMs.
+        hidden_keys: recurrent state keys of the network's LSTMs.
 
     Returns (forward): ``loss_critic`` (eq. 7 regression), ``loss_objective`` (eq. 5 / TISLR), ``loss_entropy``,
     ``loss_behaviour`` (learned only) and diagnostics: every entry of :attr:`out_keys`
@@ -143,7 +144,7 @@ class ReactorLoss(ReplayLoss):
         ...     TensorDictModule(nn.Linear(n_obs, n_act), ["observation"], ["action_value"]))
         >>> log_pi = nn.Sequential(nn.Linear(n_obs, n_act), nn.LogSoftmax(-1))
         >>> pi = TensorDictModule(log_pi, ["observation"], ["logits"])  # "logits": log pi
-        >>> loss = ReactorLoss(TensorDictSequential(q_network, pi), q_network, seq_len=T)
+        >>> loss = ReactorLoss(TensorDictSequential(q_network, pi), q_network)
         >>> target_q = HardUpdate(loss, value_network_update_interval=999)  # Q_T: step() after each update
         >>> mu = torch.distributions.Categorical(logits=torch.randn(B, T, n_act))  # the acting policy
         >>> action = mu.sample()
@@ -207,7 +208,6 @@ class ReactorLoss(ReplayLoss):
         tislr_c: float = 10.0,
         entropy_coeff: float = 0.1,
         learned_behaviour: bool = False,
-        seq_len: int = 33,
         hidden_keys: list[str] | tuple[str, ...] = (),
         updates_per_batch: float = 1.0,
     ):
@@ -219,12 +219,11 @@ class ReactorLoss(ReplayLoss):
             raise ValueError("q_network must be made of network's own modules (its Q branch)")
         self.convert_to_functional(network, "network", create_target_params=True)
         self.__dict__["q_network"] = q_network  # Q branch of `network`; its parameters live in network_params
-        # both on tensors when feed-forward (common.TensorCall)
+        # both on tensors when feed-forward (network_call.TensorCall)
         self._network, self._q_network = NetworkCall(self.network), NetworkCall(q_network)
         self.gamma, self.lam, self.pg = gamma, lam, pg
         self.beta_c, self.tislr_c, self.entropy_coeff = beta_c, tislr_c, entropy_coeff
         self.learned_behaviour = learned_behaviour
-        self.seq_len = seq_len
         self.hidden_keys = list(hidden_keys)
         self.updates_per_batch = updates_per_batch
         self._in_keys = None

@@ -7,9 +7,9 @@ state-independent diagonal std; training samples single time steps from the repl
 * **Targets (sec. 2).** A sampled step's gradient uses ``V^tbc_k`` (value target, eq. 9) and
   ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 5-6 with ``Q := V``), eq. 8 over its episode's stored
   estimates. The loss reads both from the batch (:attr:`VRACERLoss.default_keys`): in this package
-  :class:`~acer_torchrl.objectives.vracer_estimates.VRACEREstimates` keeps the stored estimates beside the
+  :class:`~acer_torchrl.estimates.vracer.VRACEREstimates` keeps the stored estimates beside the
   replay and adds them to each drawn batch (Algorithm 3's write-back included); for one episode held in
-  hand, :func:`~acer_torchrl.objectives.vracer_estimates.episode_targets` computes them.
+  hand, :func:`~acer_torchrl.estimates.vracer.episode_targets` computes them.
 * **ReF-ER (sec. 3).** Rules 1-2, the ``beta`` controller over the whole replay's stored ``rho`` and the
   annealing of ``c_max`` and of the learning rate (eq. 10-13) live in :class:`~acer_torchrl.objectives.refer.ReFER`.
 * **Preprocessing (App. B).** States are standardised by a :class:`~acer_torchrl.modules.Standardize` layer
@@ -34,9 +34,10 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from tensordict.utils import NestedKey
 
-from acer_torchrl.objectives.common import NetworkCall, ReplayLoss, masked_mean, padding_mask
+from acer_torchrl.objectives.common import ReplayLoss, masked_mean, padding_mask
 from acer_torchrl.objectives.functional import truncated_normal_log_prob, truncation_log_z
 from acer_torchrl.objectives.names import BEHAVIOUR
+from acer_torchrl.objectives.network_call import NetworkCall
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
 
 STORED = "vracer"  # root of a batch's V^tbc and Q^ret (VRACEREstimates.before_update adds them)
@@ -143,7 +144,7 @@ class VRACERLoss(ReplayLoss):
         >>> from torchrl.modules import NormalParamExtractor
         >>> from acer_torchrl.modules import TruncatedGaussian
         >>> from acer_torchrl.objectives import VRACERLoss
-        >>> from acer_torchrl.objectives.vracer_estimates import episode_targets
+        >>> from acer_torchrl.estimates.vracer import episode_targets
         >>> _ = torch.manual_seed(0)
         >>> T, n_obs, n_act = 8, 4, 2
         >>> policy_head = nn.Sequential(nn.Linear(16, 2 * n_act), NormalParamExtractor())
@@ -218,13 +219,12 @@ class VRACERLoss(ReplayLoss):
     ):
         super().__init__()
         self.network = network
-        self._network = NetworkCall(network)  # on tensors when its modules allow (common.TensorCall)
+        self._network = NetworkCall(network)  # on tensors when its modules allow (network_call.TensorCall)
         self.network_call = network_call
         self.refer = ReFER(C=C, A=A, D=D, lr=lr, rule1=rule1, rule2=rule2)
         self.steps_per_update = steps_per_update
         self.truncation = truncation
         self._log_z = truncation_log_z(truncation)
-        self.seq_len = 1
         self._pending_updates = 0.0  # gradient steps owed to the env steps collected (F, App. A)
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:

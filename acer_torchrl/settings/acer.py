@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from acer_torchrl.config import MAX_WIDTH, Config, ConfigError
-from acer_torchrl.validation import allowed
+from acer_torchrl.settings import Algorithm
+from acer_torchrl.validation import MAX_WIDTH, ConfigError, allowed
+
+if TYPE_CHECKING:
+    from acer_torchrl.config import Config
 
 DEFAULT_PRESET = "cartpole"
 
@@ -176,3 +180,10 @@ PRESETS: dict[str, dict[str, object]] = {
         "acer.alpha": 0.995,
     },
 }
+
+# the fields of ACERConfig that build (algorithms/acer.py) reads itself (the others go to ACERLoss)
+BUILD_READS = ("init_std", "learn_std", "sdn_hidden", "on_policy", "trust_region", "target_update", "alpha")
+
+ALGORITHM = Algorithm(
+    "acer", ACERConfig, "acer_torchrl.algorithms.acer.build", PRESETS, DEFAULT_PRESET, BUILD_READS
+)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from acer_torchrl.config import Config, ConfigError
-from acer_torchrl.validation import allowed
+from acer_torchrl.settings import Algorithm
+from acer_torchrl.validation import ConfigError, allowed
+
+if TYPE_CHECKING:
+    from acer_torchrl.config import Config
 
 DEFAULT_PRESET = "cartpole"
 
@@ -168,3 +172,10 @@ PRESETS: dict[str, dict] = {
         "log.checkpoint_interval": 100_000,
     },
 }
+
+# the fields of LASERConfig that build (algorithms/laser.py) reads itself (the others go to LASERLoss)
+BUILD_READS = ("init_std", "learn_std", "target_update")
+
+ALGORITHM = Algorithm(
+    "laser", LASERConfig, "acer_torchrl.algorithms.laser.build", PRESETS, DEFAULT_PRESET, BUILD_READS
+)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from acer_torchrl.config import MAX_WIDTH, Config, ConfigError
 from acer_torchrl.objectives.names import PG_ESTIMATORS
-from acer_torchrl.validation import allowed
+from acer_torchrl.settings import Algorithm
+from acer_torchrl.validation import MAX_WIDTH, ConfigError, allowed
+
+if TYPE_CHECKING:
+    from acer_torchrl.config import Config
 
 DEFAULT_PRESET = "cartpole"
 
@@ -158,3 +162,10 @@ PRESETS = {
         "eval.interval": 100_000,
     },
 }
+
+# the fields of ReactorConfig that build (algorithms/reactor.py) reads itself (the others go to ReactorLoss)
+BUILD_READS = ("head_hidden", "epsilon", "behaviour", "target_update")
+
+ALGORITHM = Algorithm(
+    "reactor", ReactorConfig, "acer_torchrl.algorithms.reactor.build", PRESETS, DEFAULT_PRESET, BUILD_READS
+)

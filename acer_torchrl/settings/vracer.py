@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from acer_torchrl.config import Config, ConfigError
-from acer_torchrl.validation import allowed
+from acer_torchrl.settings import Algorithm
+from acer_torchrl.validation import ConfigError, allowed
+
+if TYPE_CHECKING:
+    from acer_torchrl.config import Config
 
 DEFAULT_PRESET = "pendulum"
 
@@ -65,3 +69,10 @@ PRESETS: dict[str, dict] = {
         "eval.interval": 2_500,
     },
 }
+
+# the fields of VRACERConfig that build (algorithms/vracer.py) reads itself (the others go to VRACERLoss)
+BUILD_READS = ("epsilon", "init_std", "truncation", "reward_scale_interval")
+
+ALGORITHM = Algorithm(
+    "vracer", VRACERConfig, "acer_torchrl.algorithms.vracer.build", PRESETS, DEFAULT_PRESET, BUILD_READS
+)

@@ -32,7 +32,6 @@ from acer_torchrl.shared_replay.sweep import (
     SweepTask,
     agent_configs,
     parse_sweep_args,
-    refuse_sweep_resume,
     resumed_sweep,
     run,
     run_sweep,
@@ -43,7 +42,7 @@ from acer_torchrl.shared_replay.sweep import (
 
 __all__ = [
     "AGENT_KEY", "AgentReplay", "RemoteReplay", "SharedReplay", "serve", "SweepAgentTrainer", "SweepConfig",
-    "SweepTask", "agent_configs", "parse_sweep_args", "refuse_sweep_resume",
+    "SweepTask", "agent_configs", "parse_sweep_args",
     "resumed_sweep", "run", "run_sweep", "run_sweep_processes", "run_sweep_rank",
     "sweep_resume_argv",
 ]

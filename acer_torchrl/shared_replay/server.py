@@ -13,8 +13,7 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from acer_torchrl.objectives.stored_estimates import EpisodeLinks
-from acer_torchrl.replay import SLOT_KEY, TRAJ_KEY, EpisodeReplay, refresh_from_prefix
+from acer_torchrl.replay import SLOT_KEY, TRAJ_KEY, EpisodeLinks, EpisodeReplay, refresh_from_prefix
 
 SAMPLED_FILE = "sampled_by_agent.json"  # an agent's replayed-step counts per source agent, in its checkpoint
 AGENT_KEY = "agent_id"  # int64 [..., 1]: the sweep agent whose behaviour policy produced the step
@@ -211,7 +210,7 @@ class AgentReplay:
         for key in hidden_keys:
             sample.get(key)[:, 0] = 0.0
 
-    # what a loss keeping estimates per stored step reads (V-RACER: objectives.stored_estimates.EpisodeStore)
+    # what a loss keeping estimates per stored step reads (V-RACER: replay.EpisodeStore)
     @property
     def capacity(self) -> int:
         return self.shared.capacity()

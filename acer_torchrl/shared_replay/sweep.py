@@ -4,7 +4,7 @@ trainers stepped in one process (:func:`run_sweep`) or one process per agent aro
 
 The agents are LASER's (``loss=laser``, the default) or V-RACER's (``loss=vracer``): a V-RACER agent keeps its
 own stored estimates of every shared step beside the replay
-(:class:`~acer_torchrl.objectives.stored_estimates.SlotEstimates`)."""
+(:class:`~acer_torchrl.estimates.slots.SlotEstimates`)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from acer_torchrl.envs import stacked_frames
 from acer_torchrl.metrics import finish_plot, new_plot
 from acer_torchrl.processes import HelperDied, Interrupted, RunGuard, StopSignals
 from acer_torchrl.replay import EpisodeReplay
-from acer_torchrl.rundir import check_dir_name, default_run_dir, make_writable_dir
+from acer_torchrl.rundir import SWEEP_FILE, default_run_dir, make_writable_dir
 from acer_torchrl.shared_replay.server import AgentReplay, RemoteReplay, SharedReplay, serve
 from acer_torchrl.trainer import Trainer, available_cores
 from acer_torchrl.validation import allowed, check_allowed
@@ -118,7 +118,6 @@ class SweepConfig:
 
 SHORT_KEYS = ("agents", "mode")  # sweep keys given without the ``sweep.`` prefix
 FIXED_ON_RESUME = ("agents", "lr_factors", "entropy_factors")  # the agents and what each trains with
-SWEEP_FILE = "sweep.json"  # the sweep's keys as it started, in its directory: what a resume reads back
 
 
 def sweep_key(name: str) -> str:
@@ -183,20 +182,6 @@ def record_sweep_start(sweep: SweepConfig, sweep_dir: Path, overrides: list[str]
     directories (a resumed sweep keeps the file; :func:`resumed_sweep` reads it)."""
     if override_value(overrides, "resume") is None:
         (sweep_dir / SWEEP_FILE).write_text(json.dumps(asdict(sweep), indent=2))
-
-
-def refuse_sweep_resume(resume: str | None) -> None:
-    """A one-line :class:`ConfigError` when a single run's ``resume=`` names a sweep directory or one of its agents:
-    resumed alone, an agent would go on without the sweep's shared replay (held by agent 0's checkpoint)."""
-    if resume is None:
-        return
-    check_dir_name(resume, "resume")  # before the path is first touched
-    path = Path(resume)
-    for sweep_dir, what in ((path, "a shared-replay sweep"),
-                            (path.parent, f"an agent of the shared-replay sweep {path.parent}")):
-        if (sweep_dir / SWEEP_FILE).is_file():
-            raise ConfigError(f"resume={resume} is {what}, not a run of its own; resume the sweep with: "
-                              f"{shell_command('recipes/laser_sweep.py', f'resume={sweep_dir}')}")
 
 
 PER_AGENT_KEYS = ("optim.lr", "laser.entropy_coeff", "seed")  # agent i's: base x its grid factors, base seed + i

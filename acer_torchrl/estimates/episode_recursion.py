@@ -2,7 +2,7 @@
 V-RACER's eq. 8 over its stored estimates (Novati & Koumoutsakos 2019, sec. 2, Algorithm 3).
 
 The alive steps are laid out episode after episode, each in time order, as the leaves of an
-:class:`~acer_torchrl.objectives.affine_tree.AffineSuffixTree`; an episode's last stored step cuts the recursion
+:class:`~acer_torchrl.estimates.affine_tree.AffineSuffixTree`; an episode's last stored step cuts the recursion
 (``a = 0``), so a suffix query never leaves its episode. Two facts of :class:`~acer_torchrl.replay.EpisodeReplay`
 keep the layout cheap to maintain as steps are stored:
 
@@ -26,8 +26,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from acer_torchrl.objectives.affine_tree import AffineSuffixTree
-from acer_torchrl.objectives.stored_estimates import EpisodeLinks
+from acer_torchrl.estimates.affine_tree import AffineSuffixTree
+from acer_torchrl.replay import EpisodeLinks
 
 Maps = Callable[[np.ndarray], tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]]  # slots [k] -> (a, b) there, [k] each
 

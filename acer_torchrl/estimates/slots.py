@@ -1,6 +1,6 @@
 """Per-step estimates an agent keeps for the steps of a replay it reads but does not own: V-RACER's stored
 ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})`` (Novati & Koumoutsakos 2019, sec. 2, Algorithm 3;
-:class:`~acer_torchrl.objectives.vracer_estimates.VRACEREstimates`).
+:class:`~acer_torchrl.estimates.vracer.VRACEREstimates`).
 
 They live with the agent, beside its loss, indexed by the replay's slots, not in the replay: each agent of a
 shared-replay sweep keeps its own network's estimates of every stored step, whoever collected it, and the replay
@@ -11,44 +11,10 @@ stays the record of what was collected. The replay is written round robin (its `
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
-
 import numpy as np
 import torch
-from tensordict import TensorDictBase
-from tensordict.utils import NestedKey
 
-
-def write_index(slots: torch.Tensor | np.ndarray, written: int, capacity: int) -> torch.Tensor | np.ndarray:
-    """Which write put the step now in each of ``slots`` there, after ``written`` round-robin writes: the last
-    ``w < written`` with ``w mod capacity == slot`` (``-1``: never written)."""
-    return slots + capacity * ((written - 1 - slots) // capacity)  # torch or NumPy integers
-
-
-class EpisodeLinks(NamedTuple):
-    """How a replay's slots form episodes, all ``[capacity]``."""
-
-    alive: torch.Tensor  # bool: the slot holds a sampleable step
-    episode: torch.Tensor  # int64: episode id of the slot
-    position: torch.Tensor  # int64: step index of the slot inside its episode
-    next: torch.Tensor  # int64: slot of the episode's next step, -1 at its last stored step
-
-
-class EpisodeStore(Protocol):
-    """What stored estimates read of a replay (:class:`~acer_torchrl.replay.EpisodeReplay` is
-    one, a sweep agent's view of the shared replay another): its size and write counter, its episode links
-    and its stored steps."""
-
-    capacity: int
-    steps_written: int  # steps ever written, round robin: step w went to slot w % capacity
-
-    def episode_links(self) -> tuple[int, EpisodeLinks]:
-        """``steps_written`` and the links after those writes, taken together (other writers may go on)."""
-        ...
-
-    def gather(
-        self, idx: torch.Tensor, keys: list[NestedKey] | None = None, device: torch.device | None = None
-    ) -> TensorDictBase: ...
+from acer_torchrl.replay import EpisodeStore
 
 
 class SlotEstimates:

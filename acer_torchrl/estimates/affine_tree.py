@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from acer_torchrl.objectives.stored_estimates import as_array
+from acer_torchrl.estimates.slots import as_array
 
 
 class AffineSuffixTree:

@@ -34,13 +34,14 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
-from acer_torchrl.objectives.episode_recursion import EpisodeRecursion
+from acer_torchrl.estimates.episode_recursion import EpisodeRecursion
+from acer_torchrl.estimates.slots import SlotEstimates, as_array
 from acer_torchrl.objectives.names import MASK_KEY, SLOT_KEY, WRITE_KEY
 from acer_torchrl.objectives.refer import FarPolicyCount
-from acer_torchrl.objectives.stored_estimates import EpisodeStore, SlotEstimates, as_array, write_index
 from acer_torchrl.objectives.vracer import VRACERLoss
+from acer_torchrl.replay import EpisodeStore, write_index
 
-if TYPE_CHECKING:  # the losses import nothing of the package outside objectives (tests/test_plain_torchrl_loop.py)
+if TYPE_CHECKING:
     from acer_torchrl.modules import Standardize
 
 VALUE, RHO, NEXT_VALUE = "value", "rho", "next_value"  # a stored step's estimates (V(s_k), rho_k, V(s_{k+1}))
