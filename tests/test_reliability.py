@@ -295,6 +295,25 @@ def test_a_damaged_metrics_csv_is_repaired_on_resume_with_one_warning(finished_r
     assert summary["env_steps"] == 160 and summary["restarts"] == 1
 
 
+@pytest.mark.integration
+def test_a_metrics_csv_that_cannot_be_read_ends_a_resume_in_one_line_touching_nothing(finished_run, tmp_path, capsys):
+    """A directory where metrics.csv was (tests run as root: no read permission would not stop them): one line,
+    exit code 2, the run directory as it was."""
+    from acer_torchrl.cli import main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run[0], run_dir)
+    (run_dir / "metrics.csv").unlink()
+    (run_dir / "metrics.csv").mkdir()
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file() and path.name != "run.lock"}
+    capsys.readouterr()
+    assert main("acer", [f"resume={run_dir}", "total_frames=160"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: cannot read {run_dir / 'metrics.csv'} (is a directory) to continue its rows; move it away (the "
+        "resumed run then starts a new one) or make it a readable file"]
+    assert {path: path.read_bytes() for path in before} == before
+
+
 def read_rows(run_dir: Path) -> list[dict]:
     """metrics.csv's rows, checked to be whole."""
     log = MetricsLog(run_dir)
