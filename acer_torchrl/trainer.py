@@ -521,7 +521,7 @@ class Trainer:
         last = self.log.rows[-1] if self.log.rows else {}
         if last.get("env_steps") != c.env_steps or "eval_return_mean" not in last:
             if cfg.log.progress:
-                print(f"final greedy evaluation ({cfg.eval.episodes} episodes)...", flush=True)
+                print(f"final greedy evaluation ({cfg.eval.episodes} episodes)...", file=sys.stderr, flush=True)
             self.ask_evaluation({})
             self.wait_for_evaluations()
         self.checkpoint()
