@@ -285,11 +285,15 @@ def checked_main(argv: list[str]) -> int:
         return 2
 
 
-def require_sbatch(args: argparse.Namespace) -> None:
+SLURM_TOOLS = ("sbatch", "srun")  # what submitit submits with, and how it tells a SLURM cluster
+
+
+def require_slurm(args: argparse.Namespace) -> None:
     """Called once the arguments are checked, so that their mistakes are reported on machines without SLURM too."""
-    if not args.local and shutil.which("sbatch") is None:
+    missing = [tool for tool in SLURM_TOOLS if shutil.which(tool) is None]
+    if not args.local and missing:
         raise SubmitError(
-            "no SLURM here (sbatch not found): use --local, or start a test cluster with "
+            f"no SLURM here ({' and '.join(missing)} not found): use --local, or start a test cluster with "
             "`bash slurm/local_cluster.sh start`"
         )
 
@@ -306,7 +310,7 @@ def submit(args: argparse.Namespace) -> int:
         check_dir_name(given_dir, "run_dir")
         top_dir = Path(given_dir).resolve()
         check_run_dirs(plan_runs(top_dir, points, args.sweep is not None), configs[0])
-    require_sbatch(args)
+    require_slurm(args)
     if not given_dir:
         top_dir = default_run_dir(configs[0], sweep=args.sweep is not None).resolve()
     runs = plan_runs(top_dir, points, args.sweep is not None)
@@ -419,7 +423,7 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
     agent_cfg = check_config("laser", without_keys(agent_overrides, "resume"))
     if sweep.agents % args.nodes:
         raise SubmitError(f"agents={sweep.agents} do not spread evenly over --nodes {args.nodes}")
-    require_sbatch(args)
+    require_slurm(args)
     given_dir = override_value(args.overrides, "resume") or override_value(args.overrides, "run_dir")
     if given_dir:
         check_dir_name(given_dir, "run_dir")

@@ -428,9 +428,17 @@ def test_the_docstring_examples_pass_every_check_before_submission(tmp_path, mon
 
 
 @pytest.mark.integration
-def test_submit_without_slurm_says_so_in_one_line_after_checking_the_arguments(tmp_path):
-    out = run_submit_without_sbatch([RECIPE, "preset=cartpole", f"run_dir={tmp_path / 'run'}"])
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "sbatch not found" in out.stderr, out.stderr
+@pytest.mark.parametrize("tools, missing", [((), "sbatch and srun"), (("sbatch",), "srun")], ids=["none", "no-srun"])
+def test_submit_without_slurm_says_so_in_one_line_after_checking_the_arguments(tmp_path, tools, missing):
+    """No SLURM, or part of it (sbatch without the srun submitit detects a cluster by: its RuntimeError traceback)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in tools:
+        (bin_dir / tool).write_text("#!/bin/sh\n")
+        (bin_dir / tool).chmod(0o755)
+    out = run_submit_without_sbatch([RECIPE, "preset=cartpole", f"run_dir={tmp_path / 'run'}"], bin_dir)
+    assert out.returncode == 2 and out.stderr == f"error: no SLURM here ({missing} not found): use --local, or start a " \
+                                                 "test cluster with `bash slurm/local_cluster.sh start`\n", out.stderr
     assert not (tmp_path / "run").exists()
 
 
