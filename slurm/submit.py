@@ -148,10 +148,23 @@ def plan_runs(top: Path, points: list, sweep: bool) -> list[dict]:
 
 def check_run_dirs(runs: list[dict], cfg) -> None:
     """The checks a local run makes of its run_dir (:mod:`acer_torchrl.rundir`), before anything is made or submitted:
-    a name too long, a directory that holds a run already (unless ``resume=`` or ``overwrite=true``)."""
+    a name too long, a directory that holds a run already (unless ``resume=`` or ``overwrite=true``), a resumed run
+    that has nothing left to train."""
     for run in runs:
         check_dir_name(run["run_dir"], "run_dir")
         refuse_an_old_run(Path(run["run_dir"]), resume=bool(cfg.resume), overwrite=cfg.overwrite)
+        if cfg.resume:
+            refuse_a_finished_run(Path(run["run_dir"]), cfg.total_frames)
+
+
+def refuse_a_finished_run(run_dir: Path, total_frames: int) -> None:
+    """A one-line :class:`SubmitError` for ``resume=`` of a run that finished (its ``summary.json``) at ``total_frames``
+    or beyond: the job would wait in the queue to train nothing (a local resume says so, and changes nothing)."""
+    summary = read_summary(run_dir / "summary.json")
+    if summary is not None and summary["env_steps"] >= total_frames:
+        raise SubmitError(f"resume={run_dir} already finished at {summary['env_steps']} env steps (total_frames="
+                          f"{total_frames}): nothing to submit; to train it further, give total_frames=<more than "
+                          f"{summary['env_steps']}>")
 
 
 def make_run_dirs(runs: list[dict]) -> None:
