@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from acer_torchrl.validation import ConfigError
+
 BASE_COLUMNS = ["env_steps", "updates", "wall_time_s"]
 FINAL_WINDOW = 0.1  # the last 10 % of a run's env steps
 MIN_FINAL_EVALUATIONS = 3
@@ -131,10 +133,15 @@ class MetricsLog:
         """Continue the rows of a resumed run. Rows logged after its checkpoint (``env_steps`` beyond
         ``up_to_env_steps``) are dropped: the resumed run logs those steps again. Rows that cannot be read (a tail
         cut short by a kill, damaged bytes, text in a number's column) are dropped too and the file rewritten
-        without them: returns what was repaired, in words (None when the file was whole)."""
-        if not self.path.is_file():
+        without them: returns what was repaired, in words (None when the file was whole). One that cannot be read at
+        all (a directory in its place, no read permission) is a one-line :class:`ConfigError`: it is left as it is."""
+        if not self.path.exists():
             return None
-        text = self.path.read_bytes().decode(errors="replace")
+        try:
+            text = self.path.read_bytes().decode(errors="replace")
+        except OSError as err:
+            raise ConfigError(f"cannot read {self.path} ({os_reason(err)}) to continue its rows; move it away (the "
+                              "resumed run then starts a new one) or make it a readable file") from None
         lines = [line for line in text.splitlines() if line.strip()]
         header = _cells(lines[0]) if lines else None
         if header is None or "env_steps" not in header:

@@ -237,8 +237,12 @@ class Trainer:
 
     def summary_damage(self) -> str | None:
         """What is wrong with the resumed run's ``summary.json`` when it cannot be read (None when it is whole or
-        missing): the run's end writes it again, at once when the checkpoint holds a finished run."""
+        missing): the run's end writes it again, at once when the checkpoint holds a finished run. A directory in its
+        place, which no write replaces, is a one-line :class:`ConfigError` (before the run trains in vain)."""
         path = self.run_dir / "summary.json"
+        if path.is_dir():
+            raise ConfigError(f"{path} is a directory, where the run writes its summary; move it away (the resumed run "
+                              "writes a new one from its checkpoint)")
         if not path.exists() or read_summary(path) is not None:
             return None
         return "summary.json unreadable, rebuilt " + ("now" if self.counters.env_steps >= self.cfg.total_frames
@@ -521,7 +525,7 @@ class Trainer:
         last = self.log.rows[-1] if self.log.rows else {}
         if last.get("env_steps") != c.env_steps or "eval_return_mean" not in last:
             if cfg.log.progress:
-                print(f"final greedy evaluation ({cfg.eval.episodes} episodes)...", flush=True)
+                print(f"final greedy evaluation ({cfg.eval.episodes} episodes)...", file=sys.stderr, flush=True)
             self.ask_evaluation({})
             self.wait_for_evaluations()
         self.checkpoint()

@@ -148,10 +148,23 @@ def plan_runs(top: Path, points: list, sweep: bool) -> list[dict]:
 
 def check_run_dirs(runs: list[dict], cfg) -> None:
     """The checks a local run makes of its run_dir (:mod:`acer_torchrl.rundir`), before anything is made or submitted:
-    a name too long, a directory that holds a run already (unless ``resume=`` or ``overwrite=true``)."""
+    a name too long, a directory that holds a run already (unless ``resume=`` or ``overwrite=true``), a resumed run
+    that has nothing left to train."""
     for run in runs:
         check_dir_name(run["run_dir"], "run_dir")
         refuse_an_old_run(Path(run["run_dir"]), resume=bool(cfg.resume), overwrite=cfg.overwrite)
+        if cfg.resume:
+            refuse_a_finished_run(Path(run["run_dir"]), cfg.total_frames)
+
+
+def refuse_a_finished_run(run_dir: Path, total_frames: int) -> None:
+    """A one-line :class:`SubmitError` for ``resume=`` of a run that finished (its ``summary.json``) at ``total_frames``
+    or beyond: the job would wait in the queue to train nothing (a local resume says so, and changes nothing)."""
+    summary = read_summary(run_dir / "summary.json")
+    if summary is not None and summary["env_steps"] >= total_frames:
+        raise SubmitError(f"resume={run_dir} already finished at {summary['env_steps']} env steps (total_frames="
+                          f"{total_frames}): nothing to submit; to train it further, give total_frames=<more than "
+                          f"{summary['env_steps']}>")
 
 
 def make_run_dirs(runs: list[dict]) -> None:
@@ -285,11 +298,15 @@ def checked_main(argv: list[str]) -> int:
         return 2
 
 
-def require_sbatch(args: argparse.Namespace) -> None:
+SLURM_TOOLS = ("sbatch", "srun")  # what submitit submits with, and how it tells a SLURM cluster
+
+
+def require_slurm(args: argparse.Namespace) -> None:
     """Called once the arguments are checked, so that their mistakes are reported on machines without SLURM too."""
-    if not args.local and shutil.which("sbatch") is None:
+    missing = [tool for tool in SLURM_TOOLS if shutil.which(tool) is None]
+    if not args.local and missing:
         raise SubmitError(
-            "no SLURM here (sbatch not found): use --local, or start a test cluster with "
+            f"no SLURM here ({' and '.join(missing)} not found): use --local, or start a test cluster with "
             "`bash slurm/local_cluster.sh start`"
         )
 
@@ -306,7 +323,7 @@ def submit(args: argparse.Namespace) -> int:
         check_dir_name(given_dir, "run_dir")
         top_dir = Path(given_dir).resolve()
         check_run_dirs(plan_runs(top_dir, points, args.sweep is not None), configs[0])
-    require_sbatch(args)
+    require_slurm(args)
     if not given_dir:
         top_dir = default_run_dir(configs[0], sweep=args.sweep is not None).resolve()
     runs = plan_runs(top_dir, points, args.sweep is not None)
@@ -419,7 +436,7 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
     agent_cfg = check_config("laser", without_keys(agent_overrides, "resume"))
     if sweep.agents % args.nodes:
         raise SubmitError(f"agents={sweep.agents} do not spread evenly over --nodes {args.nodes}")
-    require_sbatch(args)
+    require_slurm(args)
     given_dir = override_value(args.overrides, "resume") or override_value(args.overrides, "run_dir")
     if given_dir:
         check_dir_name(given_dir, "run_dir")

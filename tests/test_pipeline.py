@@ -367,6 +367,20 @@ def test_progress_bar_names_the_evaluation_that_follows_its_100_percent(tmp_path
 
 
 @pytest.mark.integration
+def test_the_final_evaluations_note_goes_to_stderr_with_the_other_notes(tmp_path, probe_registered, capsys,
+                                                                         monkeypatch):
+    """A run whose last step has no evaluation yet says so before the final one: on stderr, where every other note
+    goes (stdout holds the results)."""
+    from acer_torchrl.trainer import Trainer
+
+    monkeypatch.setattr(Trainer, "_final_window_due", lambda *_: False)  # no evaluation before the run's end
+    run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST, "log.progress=true",
+                  "eval.interval=1000"])
+    out, err = capsys.readouterr()
+    assert "final greedy evaluation (1 episodes)..." in err and "final greedy evaluation" not in out, (out, err)
+
+
+@pytest.mark.integration
 def test_corrupt_checkpoint_is_one_clear_error(tmp_path, probe_registered):
     run("probe", [f"run_dir={tmp_path}", "total_frames=64", "collector.workers=0", *FAST])
     (tmp_path / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")

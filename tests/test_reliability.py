@@ -295,6 +295,30 @@ def test_a_damaged_metrics_csv_is_repaired_on_resume_with_one_warning(finished_r
     assert summary["env_steps"] == 160 and summary["restarts"] == 1
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("name, error", [
+    ("metrics.csv", "cannot read {path} (is a directory) to continue its rows; move it away (the resumed run then "
+                    "starts a new one) or make it a readable file"),
+    ("summary.json", "{path} is a directory, where the run writes its summary; move it away (the resumed run writes a "
+                     "new one from its checkpoint)"),
+])
+def test_a_side_file_that_cannot_be_read_or_replaced_ends_a_resume_in_one_line_touching_nothing(
+        finished_run, tmp_path, capsys, name, error):
+    """A directory where metrics.csv or summary.json was (tests run as root: no read permission would not stop them):
+    one line, exit code 2, the run directory as it was (summary.json's: before the run trains, not after)."""
+    from acer_torchrl.cli import main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run[0], run_dir)
+    (run_dir / name).unlink()
+    (run_dir / name).mkdir()
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file() and path.name != "run.lock"}
+    capsys.readouterr()
+    assert main("acer", [f"resume={run_dir}", "total_frames=160"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {error.format(path=run_dir / name)}"]
+    assert {path: path.read_bytes() for path in before} == before
+
+
 def read_rows(run_dir: Path) -> list[dict]:
     """metrics.csv's rows, checked to be whole."""
     log = MetricsLog(run_dir)

@@ -410,6 +410,8 @@ def test_process_sweep_end_to_end(tmp_path, smoke):
 
     result = run(["agents=2", "mode=processes", f"run_dir={tmp_path}", *smoke])  # on two free ports it finds
     assert [a["env_steps"] for a in result["agents"]] == [256, 256]
+    assert 0 < result["sweep"]["port"] < 65535, "summary.json: the port the ranks met on"
+    assert json.loads((tmp_path / "sweep.json").read_text())["port"] is None, "a resume finds free ports again"
     assert result["shared_replay"]["stored_steps_by_agent"] == [256, 256]
     for agent in result["agents"]:
         assert min(agent["replayed_share_by_agent"]) > 0
@@ -513,26 +515,31 @@ def test_ctrl_c_in_a_sweeps_start_up_ends_it_at_once_in_one_line(tmp_path, mode)
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_a_killed_collector_worker_stops_a_local_sweep_with_the_sweeps_resume_command(tmp_path):
-    """SIGKILL to one agent's collector worker in a local sweep: every agent saved, one line naming the worker and
-    the sweep's resume command (not an agent's), exit code 3."""
+@pytest.mark.parametrize("mode", ["local", "processes"])
+def test_a_killed_collector_worker_stops_a_sweep_with_the_sweeps_resume_command(tmp_path, mode):
+    """SIGKILL to agent 1's collector worker, in one process or in agent 1's own (``mode=processes``): the sweep
+    ends, every agent keeps a checkpoint, one line naming the worker and its agent and the sweep's resume command
+    (not an agent's), exit code 3."""
     from acer_torchrl.checkpoint import latest_checkpoint
 
     root = Path(__file__).resolve().parents[1]
-    args = [sys.executable, str(root / "recipes" / "laser_sweep.py"), "agents=2", f"run_dir={tmp_path}", *SMOKE,
-            "total_frames=100000", "collector.workers=1", "eval.background=false", "log.checkpoint_interval=64"]
+    args = [sys.executable, str(root / "recipes" / "laser_sweep.py"), "agents=2", f"mode={mode}", f"run_dir={tmp_path}",
+            *SMOKE, "total_frames=100000", "collector.workers=1", "eval.background=false", "log.checkpoint_interval=64"]
     proc = subprocess.Popen(args, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=os.environ)
     counters = [tmp_path / f"agent{i}" / "checkpoint" / "counters.json" for i in (0, 1)]
     wait_for(lambda: all(c.exists() for c in counters), proc, 120)
-    worker = spawned_children(proc.pid)[-1]  # the agents' workers (no evaluation process: eval.background=false)
+    # the agents' workers, the last agent 1's (no evaluation process: eval.background=false); with processes, agent
+    # 1's rank's
+    agent1 = proc.pid if mode == "local" else sorted(spawned_children(proc.pid))[1]
+    worker = spawned_children(agent1)[-1]
     os.kill(worker, signal.SIGKILL)
     stderr = captured(proc, timeout=60)
     steps = [json.loads((latest_checkpoint(tmp_path / f"agent{i}") / "counters.json").read_text())["env_steps"]
              for i in (0, 1)]
     assert proc.returncode == 3 and "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == (
-        f"collector worker 0 (pid {worker}) died (killed by SIGKILL); stopped at {steps[0]}, {steps[1]} env steps "
-        f"(agent by agent); continue with: "
+        f"agent 1's collector worker 0 (pid {worker}) died (killed by SIGKILL); stopped at {steps[0]}, {steps[1]} env "
+        f"steps (agent by agent); continue with: "
         f"{shlex.join([sys.executable, str(root / 'recipes' / 'laser_sweep.py'), f'resume={tmp_path}'])}"
     )

@@ -344,12 +344,17 @@ def test_sweep_is_the_cross_product():
 
 @pytest.mark.integration
 def test_submit_rejects_user_mistakes_in_one_line(tmp_path):
+    from acer_torchrl.config import dump_yaml, load_config
+
     done = tmp_path / "old" / "done"  # a finished run (not a point of tmp_path, the tabulate case's "sweep")
     done.mkdir(parents=True)
-    (done / "summary.json").write_text("{}")
+    (done / "summary.json").write_text(json.dumps({"env_steps": 2048, "run_dir": str(done)}))
+    dump_yaml(load_config(RECIPE, [*TINY, "total_frames=2000"]), done / "config.yaml")
     for args, message in (
         # the checks a local run makes of its run_dir, before the job waits in the queue
         ([RECIPE, f"run_dir={done}"], f"run_dir={done} already holds a run"),
+        ([RECIPE, f"resume={done}", "total_frames=2048"], f"resume={done} already finished at 2048 env steps "
+                                                           "(total_frames=2048): nothing to submit"),
         ([RECIPE, f"run_dir={tmp_path / ('r' * 300)}"], "a part of that path is 300 bytes long"),
         ([RECIPE, f"run_dir={tmp_path / 'f'}", "--sweep", "seed=0,1,1"], "gives the point seed=1 more than once"),
         ([RECIPE, "optim.lrr=1", f"run_dir={tmp_path / 'a'}", "--local"], "optim.lrr"),
@@ -428,9 +433,17 @@ def test_the_docstring_examples_pass_every_check_before_submission(tmp_path, mon
 
 
 @pytest.mark.integration
-def test_submit_without_slurm_says_so_in_one_line_after_checking_the_arguments(tmp_path):
-    out = run_submit_without_sbatch([RECIPE, "preset=cartpole", f"run_dir={tmp_path / 'run'}"])
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "sbatch not found" in out.stderr, out.stderr
+@pytest.mark.parametrize("tools, missing", [((), "sbatch and srun"), (("sbatch",), "srun")], ids=["none", "no-srun"])
+def test_submit_without_slurm_says_so_in_one_line_after_checking_the_arguments(tmp_path, tools, missing):
+    """No SLURM, or part of it (sbatch without the srun submitit detects a cluster by: its RuntimeError traceback)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in tools:
+        (bin_dir / tool).write_text("#!/bin/sh\n")
+        (bin_dir / tool).chmod(0o755)
+    out = run_submit_without_sbatch([RECIPE, "preset=cartpole", f"run_dir={tmp_path / 'run'}"], bin_dir)
+    assert out.returncode == 2 and out.stderr == f"error: no SLURM here ({missing} not found): use --local, or start a " \
+                                                 "test cluster with `bash slurm/local_cluster.sh start`\n", out.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -18,9 +18,11 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import time
 import typing
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ from acer_torchrl.config import (
 )
 from acer_torchrl.envs import stacked_frames
 from acer_torchrl.metrics import finish_plot, new_plot
-from acer_torchrl.processes import HelperDied, Interrupted, RunGuard, StopSignals
+from acer_torchrl.processes import HELPER_DIED_EXIT_CODE, HelperDied, Interrupted, RunGuard, StopSignals
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.rundir import SWEEP_FILE, default_run_dir, make_writable_dir
 from acer_torchrl.shared_replay.server import AgentReplay, RemoteReplay, SharedReplay, serve
@@ -65,6 +67,17 @@ class SweepAgentTrainer(Trainer):
 
     def make_replay(self) -> AgentReplay:
         return self._shared_handle
+
+    def start(self) -> Iterator[TensorDictBase]:
+        return self._naming_this_agent(super().start())
+
+    def _naming_this_agent(self, batches: Iterator[TensorDictBase]) -> Iterator[TensorDictBase]:
+        """``batches``; a collector worker's death (:class:`HelperDied`) names this agent too: a sweep has one
+        collector worker 0 per agent."""
+        try:
+            yield from batches
+        except HelperDied as death:
+            raise HelperDied(f"agent {self._shared_handle.agent_id}'s {death.what}") from None
 
     def draw_batch(self, online_share: float) -> TensorDictBase | None:
         if self._peers_pending and online_share < 1.0:
@@ -296,10 +309,13 @@ def stop_line(sweep: SweepConfig, sweep_dir: Path, stopped: str = "interrupted "
 
 # ---------------------------------------------------------------------------------------------- one rank per agent
 def run_sweep_rank(
-    sweep: SweepConfig, overrides: list[str], rank: int, world_size: int, master_addr: str, port: int
+    sweep: SweepConfig, overrides: list[str], rank: int, world_size: int, master_addr: str, port: int,
+    deaths: multiprocessing.connection.Connection | None = None,
 ) -> dict | None:
     """Agent ``rank`` of a sweep with one process per agent. Rank 0 holds and serves the replay; all ranks
-    return after every agent finished; rank 0 returns the sweep summary, the others None."""
+    return after every agent finished; rank 0 returns the sweep summary, the others None. A helper of this rank
+    that dies (:class:`HelperDied`, the agent saved) is sent to ``deaths`` (the parent's end, :func:`_rank_main`)
+    before this rank leaves the RPC group, whose other ranks then fail as a consequence."""
     import torch.distributed as dist
     from torch.distributed import rpc
 
@@ -331,7 +347,12 @@ def run_sweep_rank(
         # (mode=processes) every rank and its collector workers share this machine's
         share = available_cores() if "SLURM_CPUS_PER_TASK" in os.environ else available_cores() // world_size
         torch.set_num_threads(max(1, share - cfg.collector.workers))
-        summary = trainer.train()
+        try:
+            summary = trainer.train()
+        except HelperDied as death:
+            if deaths is not None:
+                deaths.send(death.what)
+            raise
         results = [None] * world_size
         dist.all_gather_object(results, (summary, trainer.log.rows, handle.sampled.tolist()))
         counts = shared.agent_counts() if rank == 0 else None
@@ -345,7 +366,8 @@ def run_sweep_rank(
     if rank != 0:
         return None
     summaries, rows, sampled = (list(x) for x in zip(*results))
-    return write_sweep_results(sweep, sweep_dir, cfgs, summaries, rows, sampled, counts)
+    ran = replace(sweep, port=port)  # what ran: the port picked when none was given (sweep.json keeps none: pick again)
+    return write_sweep_results(ran, sweep_dir, cfgs, summaries, rows, sampled, counts)
 
 
 @contextlib.contextmanager
@@ -361,25 +383,31 @@ def ranks_start_ignoring_sigint():
         signal.signal(signal.SIGINT, previous)
 
 
-def _rank_main(rank: int, sweep: SweepConfig, overrides: list[str], port: int) -> None:
+def _rank_main(rank: int, sweep: SweepConfig, overrides: list[str], port: int,
+               deaths: multiprocessing.connection.Connection) -> None:
     """One rank of :func:`run_sweep_processes`; a stop signal ends it where it is, quietly (its latest periodic
-    checkpoint stays, and the parent says what was saved)."""
+    checkpoint stays, and the parent says what was saved), as a helper's death does with exit code
+    :data:`~acer_torchrl.processes.HELPER_DIED_EXIT_CODE` (sent to the parent on ``deaths``, which says it)."""
     from acer_torchrl.cli import quiet_libraries
 
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     quiet_libraries()
     stops = StopSignals().install()  # SIGINT was ignored until here (ranks_start_ignoring_sigint)
     try:
-        run_sweep_rank(sweep, overrides, rank, sweep.agents, sweep.master_addr, port)
+        run_sweep_rank(sweep, overrides, rank, sweep.agents, sweep.master_addr, port, deaths)
     except Interrupted:
         pass
+    except HelperDied:
+        sys.exit(HELPER_DIED_EXIT_CODE)  # (a SystemExit: torch's spawn wrapper passes it on, with no traceback)
     finally:
         stops.restore()
 
 
 def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
     """One process per agent on this machine (the layout of a SLURM job with one task per agent); a rank that
-    fails ends the sweep with one line naming it (:class:`~acer_torchrl.trainer.TrainingError`)."""
+    fails ends the sweep with one line naming it (:class:`~acer_torchrl.trainer.TrainingError`), one whose helper
+    died with one line naming the helper and the agent and the sweep's resume command
+    (:class:`~acer_torchrl.processes.HelperDied`)."""
     import torch.multiprocessing as mp
 
     from acer_torchrl.trainer import TrainingError
@@ -391,16 +419,19 @@ def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
     # the ranks' C++ warnings (TensorPipe's, of the connections a stopping rank closes) off unless asked for
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     ranks = None
+    deaths, ranks_deaths = mp.get_context("spawn").Pipe(duplex=False)
     try:
         with ranks_start_ignoring_sigint():
-            ranks = mp.start_processes(_rank_main, args=(sweep, overrides, port), nprocs=sweep.agents, join=False,
-                                       start_method="spawn")
+            ranks = mp.start_processes(_rank_main, args=(sweep, overrides, port, ranks_deaths), nprocs=sweep.agents,
+                                       join=False, start_method="spawn")
         failed = first_failed_rank(ranks.processes)
     except Interrupted as stop:  # (installed stop signals) the ranks end at once, keeping their periodic checkpoints
         stop_ranks(ranks.processes if ranks else [])
         raise Interrupted(stop.signum, stop_line(sweep, sweep_dir)) from None
     if failed is not None:
         stop_ranks(ranks.processes)
+        if deaths.poll():  # a helper's death, which the other ranks' failures follow (whichever ended first)
+            raise HelperDied(deaths.recv(), stop_line(sweep, sweep_dir, stopped=""))
         raise TrainingError(f"sweep agent {failed} failed: {rank_error(ranks, failed)}")
     return json.loads((sweep_dir / "summary.json").read_text())  # rank 0 wrote it
 
