@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -447,14 +448,15 @@ def start_sweep(sweep_dir: Path, mode: str, agents: int) -> subprocess.Popen:
 
 def stopped(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
     """Send ``sig`` to the sweep's process group; its exit code and last line once it and every process of its
-    group (ranks, workers) ended, within :data:`STOPPED_WITHIN_S`, with nothing but a progress bar and that line."""
+    group (ranks, workers) ended, within :data:`STOPPED_WITHIN_S`, with nothing but a progress bar (in a log: its evaluation lines) and that line."""
     returncode, output, seconds = signal_group(proc, sig)
     deadline = time.monotonic() + 2
     while group_alive(proc.pid):
         assert time.monotonic() < deadline, "a process of the stopped sweep lives on"
         time.sleep(0.1)
     assert seconds < STOPPED_WITHIN_S, f"stopped after {seconds:.0f} s"
-    noise = [line for line in output.replace("\r", "\n").splitlines()[:-1] if line.strip() and "step/s" not in line]
+    progress = re.compile(r"step/s|^agent\d+: \d+/\d+ env steps, greedy return ")  # a bar, or a log's evaluation line
+    noise = [line for line in output.replace("\r", "\n").splitlines()[:-1] if line.strip() and not progress.search(line)]
     assert not noise, output  # no traceback, no TorchRL INFO line, no gloo warning
     return returncode, output.strip().splitlines()[-1]
 
