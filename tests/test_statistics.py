@@ -6,8 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("rliable")  # the bench extra
-
 
 @pytest.fixture
 def learning(monkeypatch):
