@@ -432,8 +432,21 @@ def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
         stop_ranks(ranks.processes)
         if deaths.poll():  # a helper's death, which the other ranks' failures follow (whichever ended first)
             raise HelperDied(deaths.recv(), stop_line(sweep, sweep_dir, stopped=""))
+        failed = failed_of_itself(ranks, failed)
         raise TrainingError(f"sweep agent {failed} failed: {rank_error(ranks, failed)}")
     return json.loads((sweep_dir / "summary.json").read_text())  # rank 0 wrote it
+
+
+PEER_GONE = "Connection closed by peer"  # gloo's error in a rank whose peer ended first
+
+
+def failed_of_itself(ranks, first: int) -> int:
+    """The rank to name for a failed sweep, once every rank ended: one whose error is its own, not the lost connection
+    to a peer that failed first (a rank that ends closes its sockets during its teardown, so the peer's consequent
+    error can end that peer sooner); ``first`` (the first rank seen failed) when none is."""
+    own = [i for i, rank in enumerate(ranks.processes) if rank.exitcode not in (0, None)
+           and has_error(ranks, i) and PEER_GONE not in rank_error(ranks, i)]
+    return own[0] if own else first
 
 
 def first_failed_rank(ranks: list) -> int | None:
@@ -449,11 +462,16 @@ def first_failed_rank(ranks: list) -> int | None:
 def rank_error(ranks, i: int) -> str:
     """Rank ``i``'s error, ``<exception class>: <message>`` (the last line of the traceback that torch's spawn
     wrapper pickles into the rank's error file), or how the rank ended."""
-    path = Path(ranks.error_files[i])
-    if not (path.is_file() and path.stat().st_size):
+    if not has_error(ranks, i):
         return f"exit code {ranks.processes[i].exitcode}"
-    kind, _, message = pickle.loads(path.read_bytes()).strip().splitlines()[-1].partition(": ")
+    kind, _, message = pickle.loads(Path(ranks.error_files[i]).read_bytes()).strip().splitlines()[-1].partition(": ")
     return f"{kind.rpartition('.')[2]}: {message}"
+
+
+def has_error(ranks, i: int) -> bool:
+    """Whether rank ``i`` ended on an exception (torch's spawn wrapper wrote it to the rank's error file)."""
+    path = Path(ranks.error_files[i])
+    return path.is_file() and path.stat().st_size > 0
 
 
 def stop_ranks(ranks: list) -> None:
