@@ -239,11 +239,14 @@ def test_acer_and_laser_write_priorities_and_weight_every_loss_term(tmp_path, al
 # ------------------------------------------------------------------ settings and a run
 
 
-def test_vracer_refuses_a_prioritized_replay():
+def test_vracer_and_a_shared_replay_sweep_refuse_a_prioritized_replay(tmp_path):
     from acer_torchrl.config import ConfigError, load_config
+    from acer_torchrl.shared_replay.sweep import SweepConfig, agent_configs
 
     with pytest.raises(ConfigError, match="replay.prioritized=true is not supported"):
         load_config("vracer", ["replay.prioritized=true"])
+    with pytest.raises(ConfigError, match="shared-replay sweep's replay draws uniformly"):
+        agent_configs(SweepConfig(), ["replay.prioritized=true", f"run_dir={tmp_path / 'sweep'}"])
 
 
 @pytest.mark.integration
