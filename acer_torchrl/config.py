@@ -40,7 +40,7 @@ class CollectorConfig:
 
 
 @allowed(capacity="[1, 1e9]", batch_size="[1, 1e6]", seq_len="[1, 1e4]", min_size="[0, inf)",
-         recurrent_state=("refresh", "stored", "zero"))
+         recurrent_state=("refresh", "stored", "zero"), priority_uniform="[0, 1]", priority_block="[1, 1e6]")
 @dataclass
 class ReplayConfig:
     capacity: int = 50_000  # env steps held (whole episodes evicted oldest first)
@@ -49,6 +49,11 @@ class ReplayConfig:
     min_size: int = 1_000  # replay updates start once this many steps are stored
     memmap: bool = False  # memory-mapped storage under <run_dir>/replay_storage (large Atari buffers)
     recurrent_state: str = "refresh"  # refresh | stored | zero: LSTM state at a sampled sequence's start
+    # prioritized sequence replay (Reactor sec. 3.3): a window's priority is its mean |TD error| once trained on,
+    # estimated from its neighbours' before; draws weighted by importance weights in every loss term
+    prioritized: bool = False
+    priority_uniform: float = 0.1  # share epsilon of uniform draws among the prioritized ones
+    priority_block: int = 32  # consecutive steps forming a neighbourhood (lazy priorities, O(block) per draw)
 
 
 @allowed(lr="(0, inf)", eps="(0, inf)", max_grad_norm="(0, inf]", weight_decay="[0, inf)", lr_end_factor="[0, 1]")
@@ -190,6 +195,9 @@ class Config:
         here, the algorithm's in its section's own ``unused_keys(cfg)`` (like ``validate``, per algorithm)."""
         unused = {} if self.network.lstm else dict.fromkeys(
             ("network.lstm_hidden", "replay.recurrent_state"), "network.lstm=false")
+        if not self.replay.prioritized:
+            priority_keys = ("replay.priority_uniform", "replay.priority_block")
+            unused.update(dict.fromkeys(priority_keys, "replay.prioritized=false"))
         algorithm_unused = getattr(self.algo, "unused_keys", None)
         return {**unused, **(algorithm_unused(self) if algorithm_unused else {})}
 

@@ -42,9 +42,17 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictParams, TensorDictSequential
 from tensordict.utils import NestedKey
 
-from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask, trace_cut
+from acer_torchrl.objectives.common import (
+    ReplayLoss,
+    masked_mean,
+    sequence_mask,
+    trace_cut,
+    weighted_mean,
+    window_priority,
+    window_weight,
+)
 from acer_torchrl.objectives.functional import retrace
-from acer_torchrl.objectives.names import BEHAVIOUR, PG_ESTIMATORS
+from acer_torchrl.objectives.names import BEHAVIOUR, PG_ESTIMATORS, PRIORITY_WEIGHT_KEY
 from acer_torchrl.objectives.network_call import NetworkCall
 
 # ----------------------------------------------------------------------------------------------
@@ -174,6 +182,8 @@ class ReactorLoss(ReplayLoss):
             is_init: episode-start flag (resets the LSTMs).
             behaviour_log_prob, behaviour_logits: mu written at acting time (never recomputed).
             action_value, logits, mu_logits: the network's outputs (Q, log pi, log mu-hat).
+            priority_weight: a prioritized replay's importance weight of each window (optional: every loss
+                term is then weighted by it, sec. 3.3).
         """
 
         observation: NestedKey = "observation"
@@ -187,6 +197,7 @@ class ReactorLoss(ReplayLoss):
         action_value: NestedKey = "action_value"
         logits: NestedKey = "logits"
         mu_logits: NestedKey = "mu_logits"
+        priority_weight: NestedKey = PRIORITY_WEIGHT_KEY
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
@@ -248,7 +259,7 @@ class ReactorLoss(ReplayLoss):
     @property
     def out_keys(self) -> list[str]:
         keys = ["loss_critic", "loss_objective", "loss_entropy", "entropy", "action_gap", "rho", "trace", "beta",
-                "q_ret", "q_taken"]
+                "q_ret", "q_taken", "priority"]
         return keys + (["loss_behaviour", "mu_hat_log_error"] if self.learned_behaviour else [])
 
     def update_plan(self, rng: np.random.Generator) -> list[float]:
@@ -328,7 +339,8 @@ class ReactorLoss(ReplayLoss):
                 trace_cut(done, mask),
             )
         q_taken = q.gather(-1, action)
-        loss_critic = 0.5 * masked_mean((q_ret - q_taken).pow(2), mask)
+        weight = window_weight(td, k.priority_weight)
+        loss_critic = 0.5 * weighted_mean((q_ret - q_taken).pow(2), mask, weight)
 
         # Actor: beta-LOO (eq. 5) with R(A) = Q^ret, or TISLR; Q is the current estimate
         q_now = q.detach()
@@ -338,12 +350,12 @@ class ReactorLoss(ReplayLoss):
         else:
             beta = rho.clamp_max(self.tislr_c)
             surrogate = tislr_surrogate(log_pi, q_now, q_ret, action, log_mu_all, self.tislr_c)
-        loss_objective = -masked_mean(surrogate, mask)
+        loss_objective = -weighted_mean(surrogate, mask, weight)
 
         # Entropy bonus scaled by the mean action gap (sec. 3.5)
         entropy = -(log_pi.exp() * log_pi).sum(-1, keepdim=True)
         gap = mean_action_gap(q_now, mask)
-        loss_entropy = -self.entropy_coeff * gap * masked_mean(entropy, mask)
+        loss_entropy = -self.entropy_coeff * gap * weighted_mean(entropy, mask, weight)
 
         result = TensorDict(
             {
@@ -357,12 +369,13 @@ class ReactorLoss(ReplayLoss):
                 "beta": masked_mean(beta, mask),
                 "q_ret": masked_mean(q_ret, mask),
                 "q_taken": masked_mean(q_taken.detach(), mask),
+                "priority": window_priority(q_ret - q_taken.detach(), mask),  # sec. 3.3: mean |Q^ret - Q(x, a)|
             },
             batch_size=[],
         )
         if self.learned_behaviour:
             # mu-hat: cross-entropy on the replayed actions (sec. 3.5)
-            result.set("loss_behaviour", -masked_mean(log_mu_hat.gather(-1, action), mask))
+            result.set("loss_behaviour", -weighted_mean(log_mu_hat.gather(-1, action), mask, weight))
             gap_mu = (log_mu - td.get(k.behaviour_log_prob).reshape(B, T, 1)).abs()
             result.set("mu_hat_log_error", masked_mean(gap_mu, mask))
         return result

@@ -163,6 +163,10 @@ PRESETS = {
     },
 }
 
+# The atari preset with the paper's prioritized sequence replay (sec. 3.3, Figure 3's "Reactor"): lazy priorities per
+# 32-step neighbourhood, importance weights with beta = 1; a variant, so that the atari preset's rows stay comparable
+PRESETS["atari_prioritized"] = {**PRESETS["atari"], "replay.prioritized": True}
+
 # the fields of ReactorConfig that build (algorithms/reactor.py) reads itself (the others go to ReactorLoss)
 BUILD_READS = ("head_hidden", "epsilon", "behaviour", "target_update")
 
