@@ -42,6 +42,8 @@ OUTPUTS = {
     "action_gap": "Reactor: the mean action gap max_a Q - Q(a') scaling its entropy bonus (sec. 3.5)",
     "trace": "Reactor: the Retrace trace c_t = lambda min(1, rho_t) (eq. 2)",
     "beta": "Reactor: the policy gradient's weight beta (beta-LOO, eq. 5; TISLR: the truncated rho)",
+    "priority": "Reactor's distributional critic: each window's replay priority, the mean over its steps of the total "
+                "variation between the target q* and q (sec. 3.3; per window in the output)",
     "mu_hat_log_error": "Reactor with the learned mu-hat: |log mu-hat(a|s) - log mu(a|s)| against the stored mu",
     # LASER
     "beta_kl": "LASER: beta_KL(s) = KL(pi || pi~_mu), the relevance measure (sec. 4.3)",
