@@ -249,10 +249,9 @@ def retrace(
     return _affine_scan(a, b)
 
 
-
 # ---------------------------------------------------------------------------------------------- distributional Retrace
-# Reactor's categorical critic (Gruslys et al. 2018, sec. 3.2): return distributions sum_i q_i delta_{z_i} on a uniform
-# grid z_0 < ... < z_{N-1} (C51, Bellemare et al. 2017), ``support`` = that grid, ``[N]``.
+# Reactor's categorical critic (Gruslys et al. 2018, ICLR version, sec. 3.2): return distributions sum_i q_i delta_{z_i}
+# on a uniform grid z_0 < ... < z_{N-1} (C51, Bellemare et al. 2017), ``support`` = that grid, ``[N]``.
 
 
 def project_on_support(values: Tensor, weights: Tensor, support: Tensor) -> Tensor:
@@ -374,7 +373,7 @@ def distributional_retrace(
     Its mean is :func:`retrace`'s ``Q^ret`` of the means where the projection is exact (every atom inside the
     support): eq. 3 unrolled, the recursion ``Q^ret_t = r_t + gamma [E_pi Q(x_{t+1}) - c_{t+1} (Q(x_{t+1}, a_{t+1})
     - Q^ret_{t+1})]`` on signed distributions. The recursion would shift the support at every step, so each
-    ``n``-step backup is projected once, as the definition does, at once for all ``(t, k)``: ``[*B, T, T, N]``
+    ``n``-step backup is projected once, as the definition does, at once for all ``k >= t``: ``[*B, T (T+1) / 2, N]``
     tensors, no loop (a projection per step of the recursion would differ from the definition).
     """
     _check_shapes(reward=reward, trace=trace, terminated=terminated, done=done)
@@ -394,11 +393,14 @@ def distributional_retrace(
     discounts = torch.as_tensor(gamma, dtype=reward.dtype, device=reward.device) ** k_minus_t.clamp_min(0)
     returns = (torch.where(ahead, discounts, 0.0) * reward.squeeze(-1).unsqueeze(-2)).cumsum(-1)  # G_{t,k}
     scale = gamma * discounts * _as_float(~terminated, reward.dtype).squeeze(-1).unsqueeze(-2)
-    atoms = returns.unsqueeze(-1) + scale.unsqueeze(-1) * support  # [*B, t, k, N]
-    correction = _shift_up(trace * state_action_probs).unsqueeze(-3)  # c_{k+1} q(x_{k+1}, a_{k+1}) at row k
-    backups = next_state_probs.unsqueeze(-3) - torch.where(ends.unsqueeze(-1), 0.0, correction)
-    weights = traces.unsqueeze(-1) * backups
-    return project_on_support(atoms.flatten(-2), weights.flatten(-2), support)
+    # the [.., N] backups of the pairs k >= t only (half of the [T, T] table), projected, then summed per t
+    pair_t, pair_k = torch.triu_indices(T, T, device=reward.device)
+    atoms = returns[..., pair_t, pair_k, None] + scale[..., pair_t, pair_k, None] * support  # [*B, pairs, N]
+    correction = _shift_up(trace * state_action_probs)[..., pair_k, :]  # c_{k+1} q(x_{k+1}, a_{k+1}) at row k
+    backups = next_state_probs[..., pair_k, :] - torch.where(ends[..., pair_t, pair_k, None], 0.0, correction)
+    projected = project_on_support(atoms, traces[..., pair_t, pair_k, None] * backups, support)
+    return projected.new_zeros(state_action_probs.shape).index_add_(-2, pair_t, projected)
+
 
 def truncated_importance_weights(log_rho: Tensor, rho_bar: float = 1.0, c_bar: float = 1.0) -> ImportanceWeights:
     """``rhō_t = min(rho_bar, rho_t)`` and ``c_t = min(c_bar, rho_t)``, ``rho_t = exp(log_rho_t) =
