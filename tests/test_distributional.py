@@ -15,7 +15,8 @@ import pytest
 import torch
 import yaml
 from tensordict import TensorDict
-from test_reactor import make_window, one_thread  # noqa: F401 (one_thread: test_reactor's autouse fixture, here too)
+# one_thread: test_reactor's autouse fixture (one intra-op thread), imported to apply here too
+from test_reactor import capture_pi, make_window, one_thread  # noqa: F401
 from test_user_errors import ENV, ROOT, error_line
 
 from acer_torchrl.algorithms.reactor import CategoricalDuelingHead, make_networks
@@ -159,31 +160,34 @@ def test_the_categorical_dueling_head_sums_value_and_centred_advantage_logits():
     torch.testing.assert_close(logits, value.unsqueeze(-2) + advantage - advantage.mean(-2, keepdim=True))
 
 
-def distributional_loss(**options):
+def distributional_loss(lstm_hidden=None):
+    """The loss and its networks (``ReactorNetworks``), the learning parameters moved away from the target ones."""
     torch.manual_seed(0)
     info = EnvInfo(obs_shape=(OBS,), obs_dtype=torch.float32, discrete=True, num_actions=A)
-    nets = make_networks(info, [8], None, 6, 0.05, learned_behaviour=False, atoms=ATOMS)
+    nets = make_networks(info, [8], lstm_hidden, 6, 0.05, learned_behaviour=False, atoms=ATOMS)
+    hidden_keys = [k for t in nets.torsos for k in t.hidden_keys]
     loss = ReactorLoss(nets.network, nets.q_network, gamma=0.9, lam=0.8, distributional=True, atoms=ATOMS,
-                       v_min=-3.0, v_max=4.0, **options)
-    with torch.no_grad():  # move the current network away from its target copy
+                       v_min=-3.0, v_max=4.0, hidden_keys=hidden_keys)
+    with torch.no_grad():
         for p in loss.network_params.values(True, True):
             p.add_(0.3 * torch.randn_like(p))
-    return loss
+    return loss, nets
 
 
-def window(seed: int) -> TensorDict:
+def window(seed: int, loss: ReactorLoss, lstm_hidden=None) -> TensorDict:
     """Replayed windows (``test_reactor.make_window``): one runs through, one terminates, one is truncated, the
     last two padded after their episode's end."""
-    return make_window(seed=seed)[0]
+    return make_window(loss.hidden_keys, lstm_hidden, seed=seed)[0]
 
 
 @pytest.mark.filterwarnings("ignore:No target network updater")  # the loss alone: no updater steps
-def test_one_update_of_the_distributional_loss():
-    """One update on a window with terminated, truncated and padded rows: every output finite and named in
-    ``out_keys``; the KL loss reaches the encoder and the Q head, not the policy; ``priority`` is each window's mean
-    total variation, ``[B]``, in [0, 1], detached."""
-    loss = distributional_loss()
-    td = window(seed=1)
+@pytest.mark.parametrize("lstm_hidden", [None, 5])
+def test_one_update_of_the_distributional_loss(lstm_hidden):
+    """One update on a window with terminated, truncated and padded rows, feed-forward and with the LSTMs: every
+    output finite and named in ``out_keys``; the KL loss reaches the encoder and the Q branch, not the policy's;
+    ``priority`` is each window's mean total variation, ``[B]``, in [0, 1], detached."""
+    loss, nets = distributional_loss(lstm_hidden)
+    td = window(1, loss, lstm_hidden)
     out = loss(td)
     assert set(out.keys()) == set(loss.out_keys) and "priority" in loss.out_keys
     assert all(torch.isfinite(v).all() for v in out.values())
@@ -191,9 +195,10 @@ def test_one_update_of_the_distributional_loss():
     assert priority.shape == (3,) and not priority.requires_grad and ((priority > 0) & (priority <= 1)).all()
     params = dict(loss.network_params.items(True, True))
     grads = dict(zip(params, torch.autograd.grad(out["loss_critic"], list(params.values()), allow_unused=True)))
-    for name, grad in grads.items():  # the encoder and the dueling head learn from the KL loss, the policy does not
+    q_modules = len(nets.q_network.module)  # the network's first modules: the encoder, the Q LSTM, the head
+    for name, grad in grads.items():  # the Q branch learns from the KL loss, the policy's does not
         reached = grad is not None and bool(grad.abs().sum() > 0)
-        assert reached == ("net" not in name), name
+        assert reached == (int(name[1]) < q_modules), name
     assert out["q_ret"].abs() <= 4.0 and out["q_taken"].abs() <= 4.0  # means on the support
 
 
@@ -201,15 +206,17 @@ def test_one_update_of_the_distributional_loss():
 def test_the_critics_loss_and_priority_from_the_estimator():
     """``loss_critic`` is the masked mean of ``-sum_i q*_i log q_i(x_t, a_t)`` with ``q*`` from the definition's loop
     on the target network's distributions (its parameters as built, before the learning ones moved) and the
-    learning network's pi and traces; the priority is the masked mean of ``TV(q*, q)`` per window."""
-    loss = distributional_loss()
-    td = window(seed=2)
+    learning network's pi and traces; the priority is the masked mean of ``TV(q*, q)`` per window; the beta-LOO
+    gradient reads the means of ``q`` and ``q*``."""
+    loss, nets = distributional_loss()
+    td = window(2, loss)
     B, T = td.shape
+    store = capture_pi(nets)
     out = loss(td)
     ext = torch.cat([td["observation"][:, :1], td["next", "observation"]], 1)
-    with loss.network_params.to_module(loss.network):
+    with torch.no_grad(), loss.network_params.to_module(loss.network):
         now = loss.network(TensorDict({"observation": ext}, [B, T + 1]))
-    with loss.target_network_params.to_module(loss.network):
+    with torch.no_grad(), loss.target_network_params.to_module(loss.network):
         target = loss.network(TensorDict({"observation": ext}, [B, T + 1]))
     mask = td["mask"].unsqueeze(-1)
     done = td["next", "done"].clone()
@@ -227,7 +234,17 @@ def test_the_critics_loss_and_priority_from_the_estimator():
     torch.testing.assert_close(out["loss_critic"], kl[mask[..., 0]].mean().detach())
     variation = 0.5 * (q_star - q).abs().sum(-1)
     per_window = (variation * mask[..., 0]).sum(-1) / mask[..., 0].sum(-1)
-    torch.testing.assert_close(out["priority"], per_window.detach())
+    torch.testing.assert_close(out["priority"], per_window)
+    # the actor on the means: d(-loss_objective)/d pi(a) = beta (R(A) - Q(A)) 1[a = A] + Q(a) (beta-LOO, beta =
+    # min(1, 1/mu(A))) with Q the mean of q(x_t, .) and R(A) the mean of q*
+    out["loss_objective"].backward()
+    pi = now["logits"][:, :T].exp()
+    grad_pi = -store["log_pi"].grad[:, :T] / pi * mask.sum()
+    q_mean = (now["action_value_logits"][:, :T].softmax(-1) * support).sum(-1)
+    ret, q_taken = (q_star * support).sum(-1, keepdim=True), q_mean.gather(-1, action)
+    beta = (-td["behaviour", "log_prob"].unsqueeze(-1)).exp().clamp_max(1.0)
+    expected = q_mean.scatter_add(-1, action, beta * (ret - q_taken)) * mask
+    torch.testing.assert_close(grad_pi, expected, rtol=1e-4, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- settings and a run

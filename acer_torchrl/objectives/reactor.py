@@ -308,8 +308,9 @@ class ReactorLoss(ReplayLoss):
         self.hidden_keys = list(hidden_keys)
         self.updates_per_batch = updates_per_batch
         self.distributional = distributional
-        if distributional and not v_min < v_max:
-            raise ValueError(f"the support needs v_min < v_max, got v_min={v_min}, v_max={v_max}")
+        if distributional and not (atoms >= 2 and v_min < v_max):
+            raise ValueError(f"the support needs atoms >= 2 and v_min < v_max, got atoms={atoms}, v_min={v_min}, "
+                             f"v_max={v_max}")
         self.register_buffer("support", torch.linspace(v_min, v_max, atoms) if distributional else None)
         self._in_keys = None
 
