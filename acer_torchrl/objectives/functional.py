@@ -5,7 +5,8 @@ No modules, no TensorDicts: plain functions on tensors, in the layout of
 
 Conventions (all estimators)
 ----------------------------
-* Per-step tensors are ``[*B, T, 1]``: any number of batch dims, time on dim -2.
+* Per-step tensors are ``[*B, T, 1]``: any number of batch dims, time on dim -2 (distributions over ``N``
+  atoms: ``[*B, T, N]``).
 * ``terminated[t]`` and ``done[t]`` (bool) describe the transition ``s_t -> s_{t+1}``, with
   ``done = terminated | truncated``. ``next_state_value[t]`` is ``V(s_{t+1})``.
 * A **terminated** step does not bootstrap (``V(s_{t+1})`` is multiplied by 0). A **truncated**
@@ -24,13 +25,15 @@ them under ``torch.no_grad()``) when they use them as regression targets or adva
 
 Definitions and fast forms: each estimator with a recursion over time has a plain reference
 function, a Python loop over ``t`` written straight from the paper's equation
-(:func:`retrace_reference`, :func:`vtrace_reference`): that loop is the definition. The function
-beside it (:func:`retrace`, :func:`vtrace_from_weights`) computes the same numbers, up to float
-rounding (``tests/test_functional.py`` checks it), faster: the recursions are first-order linear
+(:func:`retrace_reference`, :func:`vtrace_reference`, :func:`distributional_retrace_reference`): that loop is
+the definition. The function beside it (:func:`retrace`, :func:`vtrace_from_weights`,
+:func:`distributional_retrace`) computes the same numbers, up to float rounding (``tests/test_functional.py`` and
+``tests/test_distributional.py`` check it), faster: the scalar recursions are first-order linear
 recurrences ``x_t = a_t * x_{t+1} + b_t`` whose coefficients are computed for all ``t`` at once and
 then solved by :func:`_affine_scan`, vectorised over every batch dim: a plain loop over ``t`` for
 short windows, a log-depth associative scan (odd-even reduction) on the affine maps ``x -> a x + b``
-for long ones (see ``benchmarks/results/estimators.md``).
+for long ones (see ``benchmarks/results/estimators.md``); distributional Retrace's ``n``-step backups are
+projected all at once, with no loop.
 
 Several outputs come back as named tuples (:class:`VTraceReturns`, :class:`ImportanceWeights`).
 LASER's relevance mask (Schmitt et al. 2019, eq. 7) is not part of V-trace: it is
