@@ -50,7 +50,8 @@ OUTPUTS = {
     "rejected_share": "LASER: share of steps left out by the trust region (beta_KL >= kl_threshold, sec. 4.1)",
     "time_limit_share": "LASER: share of steps where the episode was truncated by a time limit",
     # per window, for a prioritized replay (left out of the update's statistics)
-    "priority": "each window's mean |TD error| over its real steps (ACER, Reactor: |Q^ret - Q|; LASER: |v_s - V|), "
+    "priority": "each window's mean |TD error| over its real steps (ACER, Reactor: |Q^ret - Q|, Reactor's distributional "
+                "critic: the total variation between q* and q; LASER: |v_s - V|), "
                 "its new priority in a prioritized replay (Reactor sec. 3.3); a [B] tensor, not a metrics column",
     # V-RACER and its stored estimates
     "kl": "V-RACER: D_KL(mu || pi) (Rule 2, eq. 10)",
