@@ -21,7 +21,6 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import distributions as D
 from torch import nn
-from torch.autograd.function import once_differentiable
 from torchrl.envs.transforms import Transform
 from torchrl.modules import LSTMModule
 from torchrl.envs.utils import ExplorationType, exploration_type
@@ -32,43 +31,7 @@ from acer_torchrl.objectives.names import BEHAVIOUR, policy_keys
 from acer_torchrl.objectives.network_call import TensorCall
 
 
-def softsign_and_denominator(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x / (1 + |x|)`` and its denominator ``1 + |x|`` (what :func:`softsign_backward` reads)."""
-    denominator = x.abs().add_(1.0)
-    return x / denominator, denominator
-
-
-def softsign_backward(grad: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
-    """``grad`` times Softsign's derivative ``1 / (1 + |x|)^2``."""
-    return grad / (denominator * denominator)
-
-
-class _SoftsignFunction(torch.autograd.Function):
-    """``x / (1 + |x|)`` with its derivative ``1 / (1 + |x|)^2`` written out: autograd's backward through the
-    composite (``abs``, ``add``, ``div``) takes five full-size ops, this one two (timed on V-RACER's 2x128
-    Softsign network: ``benchmarks/results/learner.md``)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y, denominator = softsign_and_denominator(x)
-        ctx.save_for_backward(denominator)
-        return y
-
-    @staticmethod
-    @once_differentiable  # a second derivative would miss the denominator's dependence on x
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (denominator,) = ctx.saved_tensors
-        return softsign_backward(grad, denominator)
-
-
-class Softsign(nn.Module):
-    """``nn.Softsign`` with the cheaper backward of :class:`_SoftsignFunction` (same values)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _SoftsignFunction.apply(x)
-
-
-_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "softsign": Softsign}
+_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "softsign": nn.Softsign}
 
 
 def activation(name: str) -> type[nn.Module]:

@@ -64,7 +64,7 @@ from torch import nn
 
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info
-from acer_torchrl.modules import ActingPolicy, Softsign, make_encoder
+from acer_torchrl.modules import ActingPolicy, make_encoder
 from acer_torchrl.objectives.functional import truncated_normal_log_prob
 from acer_torchrl.objectives.network_call import NetworkCall
 from acer_torchrl.objectives.refer import gaussian_kl
@@ -534,14 +534,6 @@ def plain_written_out_network(trainer: Trainer) -> Callable[[], None] | None:
     return lambda: setattr(loss, "network_call", network_call)
 
 
-def plain_softsign(trainer: Trainer) -> Callable[[], None] | None:
-    """``nn.Softsign`` (autograd's backward) in place of the custom one, in every network."""
-    owners = [(m, name) for m in trainer.loss.modules() for name, c in m.named_children() if isinstance(c, Softsign)]
-    for module, name in owners:
-        setattr(module, name, nn.Softsign())
-    return (lambda: [setattr(m, name, Softsign()) for m, name in owners]) if owners else None
-
-
 def plain_adam_step(trainer: Trainer) -> Callable[[], None] | None:
     """``optimizer.step()`` in place of ``AdamStep``."""
     adam_step, trainer.optimizer_step = trainer.optimizer_step, trainer.optimizer.step
@@ -624,7 +616,6 @@ PIECES = {
     "tensor-call": plain_tensor_call,
     "written-out-backward": plain_written_out_backward,
     "written-out-network": plain_written_out_network,
-    "softsign": plain_softsign,
     "adam-step": plain_adam_step,
     "fused-updaters": plain_updaters,
     "clip-gradients": plain_clip_gradients,

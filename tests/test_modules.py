@@ -1,5 +1,5 @@
-"""The acting policy's sampler against torch's own distributions (and V-RACER's truncated normal); the Softsign
-activation against torch's; a network called on tensors against its TensorDict call."""
+"""The acting policy's sampler against torch's own distributions (and V-RACER's truncated normal); a network called
+on tensors against its TensorDict call."""
 
 import math
 
@@ -11,7 +11,7 @@ from torch import nn
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import LSTMModule
 
-from acer_torchrl.modules import ActingPolicy, BehaviourSampler, GaussianHead, Softsign, TruncatedGaussian
+from acer_torchrl.modules import ActingPolicy, BehaviourSampler, GaussianHead, TruncatedGaussian
 from acer_torchrl.objectives.network_call import NetworkCall, TensorCall
 
 
@@ -77,23 +77,9 @@ def test_greedy_under_deterministic_exploration(kind):
     assert not torch.allclose(draws[0], draws[1])  # random again outside the greedy context
 
 
-def test_softsign_values_and_gradient_are_torchs_and_the_derivative_of_x_over_1_plus_abs_x():
-    x = torch.cat([torch.randn(64, 8, dtype=torch.float64) * 3, torch.zeros(1, 8, dtype=torch.float64)])
-    x.requires_grad_(True)
-    grad_out = torch.randn_like(x)
-    ours = Softsign()(x)
-    (ours_grad,) = torch.autograd.grad(ours, x, grad_out)
-    reference = torch.nn.Softsign()(x)
-    (reference_grad,) = torch.autograd.grad(reference, x, grad_out)
-    torch.testing.assert_close(ours, reference, rtol=0, atol=0)
-    torch.testing.assert_close(ours_grad, reference_grad, rtol=1e-14, atol=0)
-    torch.testing.assert_close(ours_grad, grad_out / (1 + x.detach().abs()) ** 2, rtol=1e-14, atol=0)
-    assert torch.autograd.gradcheck(Softsign(), (x[:5, :3].detach().clone().requires_grad_(True),))
-
-
 def test_a_network_called_on_tensors_gives_its_tensordict_calls_outputs_and_gradients():
     torch.manual_seed(0)
-    body = TensorDictModule(nn.Sequential(nn.Linear(4, 8), Softsign()), in_keys=["observation"], out_keys=["hidden"])
+    body = TensorDictModule(nn.Sequential(nn.Linear(4, 8), nn.Softsign()), in_keys=["observation"], out_keys=["hidden"])
     heads = TensorDictModule(lambda h: (h.sum(-1, keepdim=True), 2 * h), in_keys=["hidden"], out_keys=["value", ("out", "x")])
     network = TensorDictSequential(TensorDictSequential(body), heads)
     obs = torch.randn(5, 4)
