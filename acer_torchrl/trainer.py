@@ -119,8 +119,6 @@ class Trainer:
         # collectors and evaluation act on CPU: with a GPU learner they get a CPU copy, copied into after updates
         self.acting = self.agent.policy if self.device.type == "cpu" else copy.deepcopy(self.agent.policy)
         self.loss = self.agent.loss.to(self.device)
-        if cfg.compile:
-            self.loss.compile_networks(mode=cfg.compile_mode)
         params = [p for p in self.loss.parameters() if p.requires_grad]
         # fused: one kernel for all parameters
         self.optimizer = torch.optim.Adam(params, **adam_settings(cfg.optim), fused=True)

@@ -582,27 +582,6 @@ def plain_clip_gradients(trainer: Trainer) -> Callable[[], None] | None:
     return lambda: vars(trainer).pop("clip_gradients")
 
 
-def eager_networks(trainer: Trainer) -> Callable[[], None] | None:
-    """``compile=true`` taken back: the networks eager (compiled once, on the first call of this switch)."""
-    loss = trainer.loss
-    calls = [c for c in vars(loss).values() if isinstance(c, NetworkCall) and c.tensors is not None]
-    written = getattr(loss, "network_call", None)
-    if "compiled" not in vars(trainer):
-        loss.compile_networks()
-        trainer.compiled = ([c._compiled for c in calls], written and (written.evaluate, written.gradients))
-    for call in calls:
-        call._compiled = None
-    if written is not None:
-        del written.evaluate, written.gradients
-
-    def undo() -> None:
-        for call, compiled in zip(calls, trainer.compiled[0]):
-            call._compiled = compiled
-        if written is not None:
-            written.evaluate, written.gradients = trainer.compiled[1]
-    return undo
-
-
 def plain_acting(policy: ActingPolicy) -> Callable[[], None] | None:
     """The acting policy's ``TensorDictSequential`` call (no ``TensorCall``)."""
     if policy._tensors is None:
@@ -619,7 +598,6 @@ PIECES = {
     "adam-step": plain_adam_step,
     "fused-updaters": plain_updaters,
     "clip-gradients": plain_clip_gradients,
-    "compile": eager_networks,
 }
 
 
@@ -630,7 +608,7 @@ def alternated(run: Callable[[], float], switch: Callable[[], Callable[[], None]
     undo = switch()
     if undo is None:
         return []
-    run()  # warm-up of both forms (compile: its compilation)
+    run()  # warm-up of both forms
     undo()
     run()
     ratios = []
@@ -653,8 +631,7 @@ def pieces(argv: list[str]) -> None:
         python benchmarks/learner.py pieces vracer mujoco env.name=Hopper-v5 --rounds 10 --updates 100
 
     Learner pieces: ``--updates`` updates (draw and update, one thread) a round on a replay filled in-process, as
-    ``update`` times them; the pieces are :data:`PIECES` (``compile``: compiled once, then eager and compiled
-    alternated). ``acting``: the acting policy's call on one collected step a worker's envs (``--calls`` a round).
+    ``update`` times them; the pieces are :data:`PIECES`. ``acting``: the acting policy's call on one collected step a worker's envs (``--calls`` a round).
     A ratio of 1.10 means the plain form takes 10 % more time. Each piece's plain form is a switch on the built
     objects here (this script's ``plain_*`` functions), never a setting of the library.
     """

@@ -134,11 +134,6 @@ class WrittenOutNetwork:
         plain = all(isinstance(m, nn.Softsign) for m in hidden[1::2]) and isinstance(head.policy.raw_std, nn.Parameter)
         return cls(encoder, head) if plain else None
 
-    def compile(self, **options) -> None:
-        """Run :meth:`evaluate` and :meth:`gradients` (what the update calls) through ``torch.compile(..., **options)``."""
-        self.evaluate = torch.compile(self.evaluate, **options)
-        self.gradients = torch.compile(self.gradients, **options)
-
     def parameters(self) -> list[torch.Tensor]:
         head = self.head
         linear = [t for layer in [*self.layers, head.value, head.policy.loc] for t in (layer.weight, layer.bias)]

@@ -21,7 +21,6 @@ from torchrl.modules.distributions import IndependentNormal
 from torchrl.objectives import LossModule
 
 from acer_torchrl.objectives.names import MASK_KEY
-from acer_torchrl.objectives.network_call import NetworkCall
 
 
 def objective(out: TensorDictBase) -> torch.Tensor:
@@ -74,14 +73,6 @@ class ReplayLoss(LossModule):
     def lr_scale(self) -> float:
         """Multiplier of ``optim.lr`` for the next optimiser step (annealing, e.g. ReF-ER eq. 13)."""
         return 1.0
-
-    def compile_networks(self, **options) -> None:
-        """``torch.compile`` the network calls of this loss (its :class:`NetworkCall` attributes; ``options``: the
-        keywords of ``torch.compile``). The loss's own arithmetic stays eager: its bootstrap rows, boolean indexing
-        and ``.any()`` branches are data-dependent Python, where a compiled graph would break."""
-        for call in vars(self).values():
-            if isinstance(call, NetworkCall):
-                call.compile(**options)
 
 
 def policy_distribution(discrete: bool, stats: dict[str, torch.Tensor]) -> torch.distributions.Distribution:

@@ -1,10 +1,10 @@
 """How a loss calls its networks: on tensors where every module allows it (:class:`TensorCall`, the TensorDict
-dispatch left out), else on TensorDicts; :class:`NetworkCall` picks, and runs the tensor chain compiled after
-``compile``. :class:`~acer_torchrl.modules.ActingPolicy` calls its modules the same way."""
+dispatch left out), else on TensorDicts; :class:`NetworkCall` picks. :class:`~acer_torchrl.modules.ActingPolicy`
+calls its modules the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -65,25 +65,14 @@ class NetworkCall:
     tensors, returning its outputs by key: through :class:`TensorCall` on tensors when every module of it is a
     plain ``TensorDictModule`` (a dict of tensors, inputs included), else as TensorDict calls on a new TensorDict
     of the networks' ``in_keys`` (with an LSTM core's ``("next", state)`` outputs). A dict input of the latter
-    goes in as a TensorDict of its first dimension. After :meth:`compile`, the tensor chain runs compiled."""
+    goes in as a TensorDict of its first dimension."""
 
     def __init__(self, *networks: TensorDictModuleBase):
         self.networks = networks
         self.tensors = TensorCall.of(*networks)
         self.in_keys = list(dict.fromkeys(k for network in networks for k in network.in_keys))
-        self._compiled: Callable | None = None
-
-    def compile(self, **options) -> None:
-        """Run the tensor chain through ``torch.compile(..., **options)`` from the next call on (no change for a
-        network called on TensorDicts: an LSTM core's TensorDict plumbing breaks the graph at every segment). Its
-        parameters are the compiled graph's inputs, so a functional loss's ``params.to_module(network)`` applies as
-        before, without recompiling."""
-        if self.tensors is not None:
-            self._compiled = torch.compile(self.tensors, **options)
 
     def __call__(self, inputs: TensorDictBase | Mapping[NestedKey, torch.Tensor]) -> Mapping:
-        if self._compiled is not None:
-            return self._compiled(steps_dynamic({k: inputs.get(k) for k in self.tensors.in_keys}))
         if self.tensors is not None:
             return self.tensors.on(inputs)
         if not isinstance(inputs, TensorDictBase):
@@ -93,11 +82,3 @@ class NetworkCall:
             out = network(out)
         return out
 
-
-def steps_dynamic(tensors: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
-    """``tensors``, their first dimension marked dynamic for ``torch.compile``: the number of steps a network sees
-    changes from batch to batch (the bootstrap rows appended, an on-policy batch's windows), and a graph compiled for
-    one count would be compiled again for the next (the leading dimension only: a graph for any frame size is slower)."""
-    for value in tensors.values():
-        torch._dynamo.maybe_mark_dynamic(value, 0)
-    return tensors

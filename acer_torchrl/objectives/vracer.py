@@ -316,12 +316,6 @@ class VRACERLoss(ReplayLoss):
             param.grad = grad
         return out
 
-    def compile_networks(self, **options) -> None:
-        """The TensorDict network's calls and the written-out network's (``network_call``: what the update runs)."""
-        super().compile_networks(**options)
-        if self.network_call is not None:
-            self.network_call.compile(**options)
-
     def _terms(self, td: TensorDictBase, value, loc, scale, terms: Callable) -> tuple[TensorDictBase, tuple]:
         """The loss's output for the network's ``V``, mean and std at ``td``'s steps, computed by ``terms``
         (:func:`refer_terms` or its autograd node :class:`_ReFERTerms`), and the partial derivatives ``terms`` returns
