@@ -40,7 +40,7 @@ from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, m
                                   read_summary, save_learning_curve, write_summary)
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.objectives.names import PRIORITY_KEY, PRIORITY_WEIGHT_KEY
-from acer_torchrl.optim import AdamStep, adam_settings
+from acer_torchrl.optim import adam_settings
 from acer_torchrl.processes import RunGuard, StopSignals
 from acer_torchrl.priority_tree import SequencePriorities
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay, unprioritized
@@ -122,7 +122,6 @@ class Trainer:
         params = [p for p in self.loss.parameters() if p.requires_grad]
         # fused: one kernel for all parameters
         self.optimizer = torch.optim.Adam(params, **adam_settings(cfg.optim), fused=True)
-        self.optimizer_step = AdamStep(self.optimizer)  # optimizer.step(), the same kernel without its Python
         self.params = params
         self.replay: Replay = self.make_replay()
         self.online = OnlineWindows(cfg.replay.seq_len)
@@ -336,7 +335,7 @@ class Trainer:
         grad_norm = self.clip_gradients()
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
-        self.optimizer_step()
+        self.optimizer.step()
         for updater in self.agent.updaters:
             updater.step()
         self.counters.updates += 1

@@ -534,12 +534,6 @@ def plain_written_out_network(trainer: Trainer) -> Callable[[], None] | None:
     return lambda: setattr(loss, "network_call", network_call)
 
 
-def plain_adam_step(trainer: Trainer) -> Callable[[], None] | None:
-    """``optimizer.step()`` in place of ``AdamStep``."""
-    adam_step, trainer.optimizer_step = trainer.optimizer_step, trainer.optimizer.step
-    return lambda: setattr(trainer, "optimizer_step", adam_step)
-
-
 class WalkedUpdate:
     """A fused target / average updater's step as TorchRL's ``SoftUpdate`` / ``HardUpdate`` take it: the loss's
     ``<name>_params`` and ``target_<name>_params`` walked key by key, one ``lerp_`` / ``copy_`` a tensor (the plain
@@ -595,7 +589,6 @@ PIECES = {
     "tensor-call": plain_tensor_call,
     "written-out-backward": plain_written_out_backward,
     "written-out-network": plain_written_out_network,
-    "adam-step": plain_adam_step,
     "fused-updaters": plain_updaters,
     "clip-gradients": plain_clip_gradients,
 }

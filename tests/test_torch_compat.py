@@ -1,5 +1,5 @@
-"""The private torch functions' public fallbacks (``acer_torchrl/_torchrl_compat.py``, T2-T3; T1 in
-``tests/test_optim.py``) and the target updaters' pairs, read from the loss's public attributes."""
+"""The private torch functions' public fallbacks (``acer_torchrl/_torchrl_compat.py``, T1-T2) and the target
+updaters' pairs, read from the loss's public attributes."""
 
 import pytest
 import torch
