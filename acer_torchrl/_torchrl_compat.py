@@ -92,14 +92,7 @@ Private torch functions (underscore-named, not documented API, but what ``torch.
 that reason). Each is looked up where it is used and has a public fallback taken where this torch lacks it;
 ``tests/test_torch_compat.py`` takes each away and checks the fallback's numbers.
 
-T1. ``torch._foreach_norm`` and ``torch._foreach_mul_``, through :func:`foreach_norm` and :func:`foreach_mul_`.
-   Used by ``trainer.py``: ``Trainer.clip_gradients``. Why: the global gradient norm and the rescaling as
-   ``clip_grad_norm_(foreach=True)`` computes them, without its grouping by device and dtype
-   (``Trainer.clip_gradients``'s docstring).
-   Upstream behaviour: ``_foreach_norm(tensors)`` returns each tensor's 2-norm,
-   ``_foreach_mul_(tensors, scalar_tensor)`` multiplies each in place. Fallbacks: ``torch.linalg.vector_norm``
-   and ``Tensor.mul_`` per tensor (``clip_grad_norm_(foreach=False)``'s; the same bits on CPU).
-T2. ``torch._foreach_lerp_`` and ``torch._foreach_copy_``, through :func:`foreach_lerp_` and
+T1. ``torch._foreach_lerp_`` and ``torch._foreach_copy_``, through :func:`foreach_lerp_` and
    :func:`foreach_copy_`. Used by ``objectives/updaters.py`` (ACER's average network, the target networks) and
    ``collectors.copy_weights_`` (the weight push). Why: one call for all parameters, where TorchRL's
    ``SoftUpdate`` / ``HardUpdate`` walk their TensorDicts key by key (milliseconds a learner step on two CPU
@@ -182,25 +175,9 @@ def collector_worker_starts(around: Callable[[], contextlib.AbstractContextManag
         _ProcessNoWarnMixin.start = start
 
 
-def foreach_norm(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each tensor's 2-norm: ``torch._foreach_norm``, else ``torch.linalg.vector_norm`` per tensor (T1)."""
-    fused = getattr(torch, "_foreach_norm", None)
-    return list(fused(tensors)) if fused else [torch.linalg.vector_norm(t) for t in tensors]
-
-
-def foreach_mul_(tensors: list[torch.Tensor], scale: torch.Tensor) -> None:
-    """Multiply each tensor by ``scale`` in place: ``torch._foreach_mul_``, else ``Tensor.mul_`` per tensor (T1)."""
-    fused = getattr(torch, "_foreach_mul_", None)
-    if fused:
-        fused(tensors, scale)
-    else:
-        for t in tensors:
-            t.mul_(scale)
-
-
 def foreach_lerp_(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: float) -> None:
     """``target += weight (source - target)`` for each pair in place: ``torch._foreach_lerp_``, else ``Tensor.lerp_``
-    per pair (T2)."""
+    per pair (T1)."""
     fused = getattr(torch, "_foreach_lerp_", None)
     if fused:
         fused(targets, sources, weight)
@@ -210,7 +187,7 @@ def foreach_lerp_(targets: list[torch.Tensor], sources: list[torch.Tensor], weig
 
 
 def foreach_copy_(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-    """Copy each source into its destination in place: ``torch._foreach_copy_``, else ``Tensor.copy_`` per pair (T2)."""
+    """Copy each source into its destination in place: ``torch._foreach_copy_``, else ``Tensor.copy_`` per pair (T1)."""
     fused = getattr(torch, "_foreach_copy_", None)
     if fused:
         fused(destinations, sources)

@@ -27,7 +27,6 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.modules import set_recurrent_mode
 from tqdm import tqdm
 
-from acer_torchrl._torchrl_compat import foreach_mul_, foreach_norm
 from acer_torchrl.agent import Agent
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
@@ -350,18 +349,9 @@ class Trainer:
 
     @torch.no_grad()
     def clip_gradients(self) -> torch.Tensor:
-        """Clip the gradients' global norm at ``optim.max_grad_norm``; returns the norm before clipping (logged).
-        With ``inf`` (no clipping) only the norm is computed, not a rescaling by 1 of every gradient.
-
-        ``torch.nn.utils.clip_grad_norm_``'s arithmetic (the same bits) for parameters on one device and of one
-        dtype, as the learner's are (fused Adam needs that too), without its grouping, which
-        costs more than the arithmetic for ACER CartPole's network."""
-        grads = [p.grad for p in self.params if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack(foreach_norm(grads)))
-        max_norm = self.cfg.optim.max_grad_norm
-        if not math.isinf(max_norm):
-            foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-        return norm
+        """Clip the gradients' global norm at ``optim.max_grad_norm`` (``inf``: no clipping); returns the norm before
+        clipping (logged)."""
+        return torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
 
     def fill_replay(self, steps: int, batches: Iterator[TensorDictBase] | None = None) -> None:
         """Store collected batches until the replay holds at least ``steps`` env steps, taking no update: a filled

@@ -569,13 +569,6 @@ def plain_updaters(trainer: Trainer) -> Callable[[], None] | None:
     return lambda: setattr(agent, "updaters", fused)
 
 
-def plain_clip_gradients(trainer: Trainer) -> Callable[[], None] | None:
-    """``torch.nn.utils.clip_grad_norm_`` in place of the trainer's own arithmetic."""
-    max_norm = trainer.cfg.optim.max_grad_norm
-    trainer.clip_gradients = lambda: torch.nn.utils.clip_grad_norm_(trainer.params, max_norm)
-    return lambda: vars(trainer).pop("clip_gradients")
-
-
 def plain_acting(policy: ActingPolicy) -> Callable[[], None] | None:
     """The acting policy's ``TensorDictSequential`` call (no ``TensorCall``)."""
     if policy._tensors is None:
@@ -590,7 +583,6 @@ PIECES = {
     "written-out-backward": plain_written_out_backward,
     "written-out-network": plain_written_out_network,
     "fused-updaters": plain_updaters,
-    "clip-gradients": plain_clip_gradients,
 }
 
 

@@ -5,7 +5,7 @@ TorchRL's ``SoftUpdate`` / ``HardUpdate`` find a loss's ``target_*_params`` and 
 two CPU cores, more than the forward pass of a small network (ACER CartPole, benchmarks/results/learner.md),
 and HardUpdate does that walk on every step, not only when it copies. These subclasses take the tensors
 out of the loss's public ``<name>_params`` and ``target_<name>_params`` once, at their first step (after the
-trainer moved the loss to its device), and update them together (``_torchrl_compat.py``, T2: a public fallback
+trainer moved the loss to its device), and update them together (``_torchrl_compat.py``, T1: a public fallback
 where torch lacks the fused call).
 """
 
