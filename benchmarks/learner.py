@@ -66,7 +66,6 @@ from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info
 from acer_torchrl.modules import ActingPolicy, make_encoder
 from acer_torchrl.objectives.functional import truncated_normal_log_prob
-from acer_torchrl.objectives.network_call import NetworkCall
 from acer_torchrl.objectives.refer import gaussian_kl
 from acer_torchrl.objectives.updaters import FusedHardUpdate, FusedSoftUpdate
 from acer_torchrl.replay import TRAJ_KEY
@@ -488,17 +487,6 @@ def same_numbers(argv: list[str]) -> None:
           f"sha256 {digest.hexdigest()}")
 
 
-def plain_tensor_call(trainer: Trainer) -> Callable[[], None] | None:
-    """The losses' networks called on TensorDicts (``NetworkCall`` without its ``TensorCall``)."""
-    calls = [c for c in vars(trainer.loss).values() if isinstance(c, NetworkCall) and c.tensors is not None]
-    if getattr(trainer.loss, "network_call", None) is not None or not calls:
-        return None  # V-RACER's update calls its written-out network instead
-    saved = [c.tensors for c in calls]
-    for call in calls:
-        call.tensors = None
-    return lambda: [setattr(c, "tensors", t) for c, t in zip(calls, saved)]
-
-
 def plain_refer_terms(value, loc, scale, log_rho, action, mu_loc, mu_scale, v_tbc, q_ret, refer, mask, log_z) -> tuple:
     """V-RACER's three loss terms as autograd takes them (the plain form of ``refer_terms`` and its written-out
     partials): the same values and gradients, ``log rho`` differentiated through the policy's log-density."""
@@ -579,7 +567,6 @@ def plain_acting(policy: ActingPolicy) -> Callable[[], None] | None:
 
 # each speed-only piece: the switch to its plain form (None: the preset does not use it; else the undo)
 PIECES = {
-    "tensor-call": plain_tensor_call,
     "written-out-backward": plain_written_out_backward,
     "written-out-network": plain_written_out_network,
     "fused-updaters": plain_updaters,

@@ -101,19 +101,11 @@ def test_networks_that_need_a_tensordict_are_not_called_on_tensors():
     assert TensorCall.of(TensorDictModule(lambda x: x, in_keys=["observation"], out_keys=["y"])) is not None
 
 
-class NotPlain(TensorDictModule):
-    """A TensorDictModule subclass: TensorCall does not know what its forward adds, so it is called with TensorDicts."""
-
-
-@pytest.mark.parametrize("plain", [True, False])
-def test_a_chain_of_networks_gives_its_tensordict_calls_outputs_from_a_tensordict_or_tensors(plain):
+def test_a_chain_of_networks_gives_its_tensordict_calls_outputs_from_a_tensordict_or_tensors():
     torch.manual_seed(0)
-    kind = TensorDictModule if plain else NotPlain
-    actor = TensorDictSequential(kind(nn.Linear(4, 8), in_keys=["observation"], out_keys=["core"]))
+    actor = TensorDictSequential(TensorDictModule(nn.Linear(4, 8), in_keys=["observation"], out_keys=["core"]))
     critic = TensorDictModule(nn.Linear(8, 2), in_keys=["core"], out_keys=[("critic", "q")])
     call = NetworkCall(actor, critic)
-    assert (call.tensors is not None) == plain
-    assert call.tensors is None or call.tensors.in_keys == ["observation"]
     obs = torch.randn(5, 4)
     expected = critic(actor(TensorDict({"observation": obs, "other": torch.zeros(5)}, batch_size=[5])))
     for inputs in (TensorDict({"observation": obs, "other": torch.zeros(5)}, batch_size=[5]), {"observation": obs}):

@@ -1,6 +1,6 @@
-"""How a loss calls its networks: on tensors where every module allows it (:class:`TensorCall`, the TensorDict
-dispatch left out), else on TensorDicts; :class:`NetworkCall` picks. :class:`~acer_torchrl.modules.ActingPolicy`
-calls its modules the same way."""
+"""How the acting policy calls its modules (:class:`TensorCall`: on tensors where every module allows it, the
+TensorDict dispatch left out: :class:`~acer_torchrl.modules.ActingPolicy`), and how a loss calls its networks
+(:class:`NetworkCall`: on TensorDicts)."""
 
 from __future__ import annotations
 
@@ -61,24 +61,18 @@ class TensorCall:
 
 
 class NetworkCall:
-    """A network, or a chain of them called one after the other, on the entries of a TensorDict or of a dict of
-    tensors, returning its outputs by key: through :class:`TensorCall` on tensors when every module of it is a
-    plain ``TensorDictModule`` (a dict of tensors, inputs included), else as TensorDict calls on a new TensorDict
-    of the networks' ``in_keys`` (with an LSTM core's ``("next", state)`` outputs). A dict input of the latter
-    goes in as a TensorDict of its first dimension."""
+    """A network, or a chain of them called one after the other, on a new TensorDict of the networks' ``in_keys``
+    taken from a TensorDict or from a dict of tensors (that one as a TensorDict of its first dimension): the
+    TensorDict of their outputs (with an LSTM core's ``("next", state)`` outputs)."""
 
     def __init__(self, *networks: TensorDictModuleBase):
         self.networks = networks
-        self.tensors = TensorCall.of(*networks)
         self.in_keys = list(dict.fromkeys(k for network in networks for k in network.in_keys))
 
-    def __call__(self, inputs: TensorDictBase | Mapping[NestedKey, torch.Tensor]) -> Mapping:
-        if self.tensors is not None:
-            return self.tensors.on(inputs)
+    def __call__(self, inputs: TensorDictBase | Mapping[NestedKey, torch.Tensor]) -> TensorDictBase:
         if not isinstance(inputs, TensorDictBase):
             inputs = TensorDict(dict(inputs), batch_size=next(iter(inputs.values())).shape[:1])
         out = inputs.select(*self.in_keys, strict=False)
         for network in self.networks:
             out = network(out)
         return out
-

@@ -219,7 +219,7 @@ class VRACERLoss(ReplayLoss):
     ):
         super().__init__()
         self.network = network
-        self._network = NetworkCall(network)  # on tensors when its modules allow (network_call.TensorCall)
+        self._network = NetworkCall(network)
         self.network_call = network_call
         self.refer = ReFER(C=C, A=A, D=D, lr=lr, rule1=rule1, rule2=rule2)
         self.steps_per_update = steps_per_update
