@@ -60,12 +60,15 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.nn import ProbabilisticTensorDictModule
 from torch import nn
+from torchrl.modules import IndependentNormal
 
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info
-from acer_torchrl.modules import ActingPolicy, make_encoder
+from acer_torchrl.modules import ActingPolicy, BehaviourSampler, TruncatedGaussian, make_encoder
 from acer_torchrl.objectives.functional import truncated_normal_log_prob
+from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.refer import gaussian_kl
 from acer_torchrl.objectives.updaters import FusedHardUpdate, FusedSoftUpdate
 from acer_torchrl.replay import TRAJ_KEY
@@ -565,6 +568,35 @@ def plain_acting(policy: ActingPolicy) -> Callable[[], None] | None:
     return lambda: setattr(policy, "_tensors", tensors)
 
 
+def probabilistic_sampler(sampler: BehaviourSampler, stat_keys: list) -> ProbabilisticTensorDictModule:
+    """TorchRL's way of drawing ``sampler``'s actions: a distribution object built from the statistics at every call
+    (``Categorical``; ``TruncatedGaussian``; an independent ``Normal``), its draw and log-probability."""
+    names = [key[-1] for key in stat_keys]
+    if sampler.discrete:
+        family, options = torch.distributions.Categorical, {}
+    elif sampler.truncation is not None:
+        family, options = TruncatedGaussian, {"width": sampler.truncation}
+    else:
+        family, options = IndependentNormal, {}
+    return ProbabilisticTensorDictModule(
+        in_keys=dict(zip(names, stat_keys)), out_keys=["action"], distribution_class=family,
+        distribution_kwargs=options, return_log_prob=True, log_prob_key=(BEHAVIOUR, "log_prob"))
+
+
+def plain_sampling(policy: ActingPolicy) -> Callable[[], None] | None:
+    """The acting policy as TorchRL's ``TensorDictSequential`` ending in :func:`probabilistic_sampler` (no
+    ``TensorCall``, no ``BehaviourSampler``)."""
+    last = policy.module[-1]
+    if not isinstance(last.module, BehaviourSampler):
+        return None
+    tensors, policy._tensors = policy._tensors, None
+    policy.module[-1] = probabilistic_sampler(last.module, list(last.in_keys))
+
+    def undo() -> None:
+        policy.module[-1], policy._tensors = last, tensors
+    return undo
+
+
 # each speed-only piece: the switch to its plain form (None: the preset does not use it; else the undo)
 PIECES = {
     "written-out-backward": plain_written_out_backward,
@@ -614,7 +646,7 @@ def pieces(argv: list[str]) -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--updates", type=int, default=50, help="updates a round")
     parser.add_argument("--calls", type=int, default=2000, help="acting policy calls a round")
-    parser.add_argument("--only", nargs="+", choices=[*PIECES, "acting"], default=[*PIECES, "acting"])
+    parser.add_argument("--only", nargs="+", choices=[*PIECES, *ACTING], default=[*PIECES, *ACTING])
     parser.add_argument("--end-to-end", type=int, default=0, metavar="FRAMES",
                         help="instead: env steps/s of FRAMES-step training runs (the preset's workers) a round")
     args, overrides = parser.parse_known_args(argv)
@@ -646,13 +678,16 @@ def pieces(argv: list[str]) -> None:
         return time.process_time() - start
 
     for name in args.only:
-        ratios = alternated(acting if name == "acting" else updates, lambda: switch_piece(trainer, name), args.rounds)
+        ratios = alternated(acting if name in ACTING else updates, lambda: switch_piece(trainer, name), args.rounds)
         report_piece(args.algo, args.preset, overrides, name, ratios)
 
 
+ACTING = {"acting": plain_acting, "sampling": plain_sampling}  # acting pieces: switches of the acting policy
+
+
 def switch_piece(trainer: Trainer, name: str) -> Callable[[], None] | None:
-    """The plain form of piece ``name`` (:data:`PIECES`, or ``acting``) in ``trainer``; its undo, or None."""
-    return plain_acting(trainer.acting) if name == "acting" else PIECES[name](trainer)
+    """The plain form of piece ``name`` (:data:`PIECES` or :data:`ACTING`) in ``trainer``; its undo, or None."""
+    return ACTING[name](trainer.acting) if name in ACTING else PIECES[name](trainer)
 
 
 def end_to_end_ratios(algo: str, settings: list[str], frames: int, name: str, rounds: int) -> list[float]:
