@@ -101,10 +101,7 @@ T1. ``torch._foreach_lerp_`` and ``torch._foreach_copy_``, through :func:`foreac
    Fallbacks: ``Tensor.lerp_`` and ``Tensor.copy_`` per pair (the same bits on CPU).
 
 Noted for completeness: ``torch.ops.aten.softplus_backward`` (``algorithms/vracer.py``'s written-out backward)
-is an ATen operator, public through ``torch.ops``, not an underscore-named function; tensordict's
-``TensorDictModule._kwargs`` (None unless the module was built with a dict of ``in_keys``,
-whose inputs then go in as keywords) is read by ``objectives/network_call.py``'s ``TensorCall.of``, inline: the losses
-import nothing of the package outside ``objectives/`` (``tests/test_plain_torchrl_loop.py``).
+is an ATen operator, public through ``torch.ops``, not an underscore-named function.
 """
 
 from __future__ import annotations

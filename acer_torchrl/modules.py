@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import distributions as D
 from torch import nn
@@ -28,7 +27,6 @@ from torchrl.envs.utils import ExplorationType, exploration_type
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
 from acer_torchrl.objectives.functional import truncated_normal_log_prob, truncated_normal_sample, truncation_log_z
 from acer_torchrl.objectives.names import BEHAVIOUR, policy_keys
-from acer_torchrl.objectives.network_call import TensorCall
 
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "softsign": nn.Softsign}
@@ -266,27 +264,7 @@ class BehaviourSampler(nn.Module):
         return action, torch.distributions.Normal(loc, scale, validate_args=False).log_prob(action).sum(-1)
 
 
-class ActingPolicy(TensorDictSequential):
-    """The acting policy's chain of modules. Called on a TensorDict, it runs them on tensors when every one is a
-    plain ``TensorDictModule`` (:class:`~acer_torchrl.objectives.network_call.TensorCall`) and writes the same entries
-    (every module's ``out_keys``) into it; otherwise (an LSTM core) it is the ``TensorDictSequential`` call. A
-    collector worker or an evaluation calls it once an env step: the TensorDict dispatch was a large
-    share of a CartPole MLP policy call (``benchmarks/results/learner.md``)."""
-
-    def __init__(self, *modules: TensorDictModuleBase):
-        super().__init__(*modules)
-        self._tensors = TensorCall.of(*self.module)
-
-    def forward(self, tensordict: TensorDictBase | None = None, *args, **kwargs) -> TensorDictBase:
-        if self._tensors is None or not isinstance(tensordict, TensorDictBase) or args or kwargs:
-            return super().forward(tensordict, *args, **kwargs)
-        values = self._tensors.on(tensordict)
-        for key in self.out_keys:
-            tensordict.set(key, values[key])
-        return tensordict
-
-
-def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> ActingPolicy:
+def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> TensorDictSequential:
     """Stochastic acting policy: torso + ``policy_head`` writing behaviour statistics, then a
     :class:`BehaviourSampler` writing ``"action"`` and ``("behaviour", "log_prob")``.
 
@@ -297,7 +275,7 @@ def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> Acting
     stat_keys = [(BEHAVIOUR, n) for n in policy_keys(info.discrete)]
     stats = TensorDictModule(policy_head, in_keys=["core"], out_keys=stat_keys)
     sampler = TensorDictModule(BehaviourSampler(info.discrete), in_keys=stat_keys, out_keys=["action", (BEHAVIOUR, "log_prob")])
-    return ActingPolicy(*torso.module, stats, sampler)
+    return TensorDictSequential(*torso.module, stats, sampler)
 
 
 def learning_module(torso: Torso, *heads: TensorDictModuleBase) -> TensorDictSequential:

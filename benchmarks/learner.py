@@ -60,13 +60,13 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import ProbabilisticTensorDictModule
+from tensordict.nn import ProbabilisticTensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.modules import IndependentNormal
 
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info
-from acer_torchrl.modules import ActingPolicy, BehaviourSampler, TruncatedGaussian, make_encoder
+from acer_torchrl.modules import BehaviourSampler, TruncatedGaussian, make_encoder
 from acer_torchrl.objectives.functional import truncated_normal_log_prob
 from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.refer import gaussian_kl
@@ -498,17 +498,18 @@ def plain_refer_terms(value, loc, scale, log_rho, action, mu_loc, mu_scale, v_tb
     rho, slope = refer.weight(log_rho, near)
     rho = rho + slope * (log_pi - log_pi.detach())  # the value of rho, the derivative slope * d log pi
     kl = gaussian_kl(mu_loc, mu_scale, loc, scale)
-    return (refer.gate(-rho * (q_ret - value.detach()), near, mask), refer.gate(0.5 * (value - v_tbc).pow(2), near, mask),
-            refer.penalty(kl, mask), kl, near)
+    objective = refer.gate(-rho * (q_ret - value.detach()), near, mask)
+    return objective, refer.gate(0.5 * (value - v_tbc).pow(2), near, mask), refer.penalty(kl, mask), kl, near
 
 
 def plain_written_out_backward(trainer: Trainer) -> Callable[[], None] | None:
-    """V-RACER's update through autograd: the network's modules (``TensorCall``) and :func:`plain_refer_terms`."""
+    """V-RACER's update through autograd: the network's modules and :func:`plain_refer_terms`."""
     loss = trainer.loss
     if getattr(loss, "network_call", None) is None:
         return None
     network_call, loss.network_call = loss.network_call, None
-    loss.forward = lambda td: loss._terms(td, *loss._outputs(td), terms=partial(plain_refer_terms, log_z=loss._log_z))[0]
+    terms = partial(plain_refer_terms, log_z=loss._log_z)
+    loss.forward = lambda td: loss._terms(td, *loss._outputs(td), terms=terms)[0]
 
     def undo() -> None:
         loss.network_call = network_call
@@ -560,14 +561,6 @@ def plain_updaters(trainer: Trainer) -> Callable[[], None] | None:
     return lambda: setattr(agent, "updaters", fused)
 
 
-def plain_acting(policy: ActingPolicy) -> Callable[[], None] | None:
-    """The acting policy's ``TensorDictSequential`` call (no ``TensorCall``)."""
-    if policy._tensors is None:
-        return None
-    tensors, policy._tensors = policy._tensors, None
-    return lambda: setattr(policy, "_tensors", tensors)
-
-
 def probabilistic_sampler(sampler: BehaviourSampler, stat_keys: list) -> ProbabilisticTensorDictModule:
     """TorchRL's way of drawing ``sampler``'s actions: a distribution object built from the statistics at every call
     (``Categorical``; ``TruncatedGaussian``; an independent ``Normal``), its draw and log-probability."""
@@ -583,18 +576,13 @@ def probabilistic_sampler(sampler: BehaviourSampler, stat_keys: list) -> Probabi
         distribution_kwargs=options, return_log_prob=True, log_prob_key=(BEHAVIOUR, "log_prob"))
 
 
-def plain_sampling(policy: ActingPolicy) -> Callable[[], None] | None:
-    """The acting policy as TorchRL's ``TensorDictSequential`` ending in :func:`probabilistic_sampler` (no
-    ``TensorCall``, no ``BehaviourSampler``)."""
+def plain_sampling(policy: TensorDictSequential) -> Callable[[], None] | None:
+    """The acting policy ending in :func:`probabilistic_sampler` (TorchRL's way) instead of ``BehaviourSampler``."""
     last = policy.module[-1]
     if not isinstance(last.module, BehaviourSampler):
         return None
-    tensors, policy._tensors = policy._tensors, None
     policy.module[-1] = probabilistic_sampler(last.module, list(last.in_keys))
-
-    def undo() -> None:
-        policy.module[-1], policy._tensors = last, tensors
-    return undo
+    return lambda: policy.module.__setitem__(-1, last)
 
 
 # each speed-only piece: the switch to its plain form (None: the preset does not use it; else the undo)
@@ -635,7 +623,9 @@ def pieces(argv: list[str]) -> None:
         python benchmarks/learner.py pieces vracer mujoco env.name=Hopper-v5 --rounds 10 --updates 100
 
     Learner pieces: ``--updates`` updates (draw and update, one thread) a round on a replay filled in-process, as
-    ``update`` times them; the pieces are :data:`PIECES`. ``acting``: the acting policy's call on one collected step a worker's envs (``--calls`` a round).
+    ``update`` times them; the pieces are :data:`PIECES`. Acting pieces (:data:`ACTING`): the acting policy's call on
+    one collected step of a worker's envs (``--calls`` a round); ``sampling``: ``BehaviourSampler`` against TorchRL's
+    probabilistic module.
     A ratio of 1.10 means the plain form takes 10 % more time. Each piece's plain form is a switch on the built
     objects here (this script's ``plain_*`` functions), never a setting of the library.
     """
@@ -682,7 +672,7 @@ def pieces(argv: list[str]) -> None:
         report_piece(args.algo, args.preset, overrides, name, ratios)
 
 
-ACTING = {"acting": plain_acting, "sampling": plain_sampling}  # acting pieces: switches of the acting policy
+ACTING = {"sampling": plain_sampling}  # acting pieces: switches of the acting policy
 
 
 def switch_piece(trainer: Trainer, name: str) -> Callable[[], None] | None:

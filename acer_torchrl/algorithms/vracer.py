@@ -24,7 +24,7 @@ from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.estimates.vracer import VRACEREstimates
 from acer_torchrl.modules import (
-    ActingPolicy, BehaviourSampler, GaussianHead, MLPEncoder, Standardize, learning_module, make_torso,
+    BehaviourSampler, GaussianHead, MLPEncoder, Standardize, learning_module, make_torso,
 )
 from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.vracer import VRACERLoss
@@ -202,7 +202,7 @@ class _PolicyStats(nn.Module):
         return self.head(core)[1:]
 
 
-def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float) -> ActingPolicy:
+def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float) -> TensorDictSequential:
     """The torso and the head's policy outputs writing ``("behaviour", "loc"/"scale")``, then a draw of the
     truncated normal writing ``"action"`` and ``("behaviour", "log_prob")`` (Algorithm 2; the mean under a greedy
     exploration type)."""
@@ -211,7 +211,7 @@ def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float)
     sampler = TensorDictModule(
         BehaviourSampler(discrete=False, truncation=width), in_keys=stat_keys, out_keys=["action", (BEHAVIOUR, "log_prob")]
     )
-    return ActingPolicy(*network, stats, sampler)
+    return TensorDictSequential(*network, stats, sampler)
 
 
 def build(cfg: Config, info: EnvInfo) -> Agent:
