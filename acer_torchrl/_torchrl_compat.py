@@ -92,22 +92,7 @@ Private torch functions (underscore-named, not documented API, but what ``torch.
 that reason). Each is looked up where it is used and has a public fallback taken where this torch lacks it;
 ``tests/test_torch_compat.py`` takes each away and checks the fallback's numbers.
 
-T1. ``torch._fused_adam_`` and ``torch._foreach_add_``, in ``optim.py``: ``AdamStep``. Why: the kernel of
-   ``torch.optim.Adam(fused=True)`` without ``Optimizer.step``'s Python around it (a measurable share of
-   a V-RACER update; ``AdamStep``'s docstring).
-   Upstream behaviour: torch's ``adam._fused_adam`` adds 1 to the ``step`` tensors with ``_foreach_add_`` and calls
-   ``_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, amsgrad=, lr=, beta1=, beta2=,
-   weight_decay=, eps=, maximize=, grad_scale=, found_inf=)``; ``tests/test_optim.py`` compares the two steps bit
-   for bit, so a changed signature or arithmetic fails there. Fallback (either missing): ``optimizer.step()``, the
-   same bits (:func:`has_fused_adam`).
-T2. ``torch._foreach_norm`` and ``torch._foreach_mul_``, through :func:`foreach_norm` and :func:`foreach_mul_`.
-   Used by ``trainer.py``: ``Trainer.clip_gradients``. Why: the global gradient norm and the rescaling as
-   ``clip_grad_norm_(foreach=True)`` computes them, without its grouping by device and dtype
-   (``Trainer.clip_gradients``'s docstring).
-   Upstream behaviour: ``_foreach_norm(tensors)`` returns each tensor's 2-norm,
-   ``_foreach_mul_(tensors, scalar_tensor)`` multiplies each in place. Fallbacks: ``torch.linalg.vector_norm``
-   and ``Tensor.mul_`` per tensor (``clip_grad_norm_(foreach=False)``'s; the same bits on CPU).
-T3. ``torch._foreach_lerp_`` and ``torch._foreach_copy_``, through :func:`foreach_lerp_` and
+T1. ``torch._foreach_lerp_`` and ``torch._foreach_copy_``, through :func:`foreach_lerp_` and
    :func:`foreach_copy_`. Used by ``objectives/updaters.py`` (ACER's average network, the target networks) and
    ``collectors.copy_weights_`` (the weight push). Why: one call for all parameters, where TorchRL's
    ``SoftUpdate`` / ``HardUpdate`` walk their TensorDicts key by key (milliseconds a learner step on two CPU
@@ -116,10 +101,7 @@ T3. ``torch._foreach_lerp_`` and ``torch._foreach_copy_``, through :func:`foreac
    Fallbacks: ``Tensor.lerp_`` and ``Tensor.copy_`` per pair (the same bits on CPU).
 
 Noted for completeness: ``torch.ops.aten.softplus_backward`` (``algorithms/vracer.py``'s written-out backward)
-is an ATen operator, public through ``torch.ops``, not an underscore-named function; tensordict's
-``TensorDictModule._kwargs`` (None unless the module was built with a dict of ``in_keys``,
-whose inputs then go in as keywords) is read by ``objectives/common.py``'s ``TensorCall.of``, inline: the losses
-import nothing of the package outside ``objectives/`` (``tests/test_plain_torchrl_loop.py``).
+is an ATen operator, public through ``torch.ops``, not an underscore-named function.
 """
 
 from __future__ import annotations
@@ -190,30 +172,9 @@ def collector_worker_starts(around: Callable[[], contextlib.AbstractContextManag
         _ProcessNoWarnMixin.start = start
 
 
-def has_fused_adam() -> bool:
-    """Whether this torch has the fused Adam kernel and the step counter's in-place add ``AdamStep`` calls (T1)."""
-    return hasattr(torch, "_fused_adam_") and hasattr(torch, "_foreach_add_")
-
-
-def foreach_norm(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each tensor's 2-norm: ``torch._foreach_norm``, else ``torch.linalg.vector_norm`` per tensor (T2)."""
-    fused = getattr(torch, "_foreach_norm", None)
-    return list(fused(tensors)) if fused else [torch.linalg.vector_norm(t) for t in tensors]
-
-
-def foreach_mul_(tensors: list[torch.Tensor], scale: torch.Tensor) -> None:
-    """Multiply each tensor by ``scale`` in place: ``torch._foreach_mul_``, else ``Tensor.mul_`` per tensor (T2)."""
-    fused = getattr(torch, "_foreach_mul_", None)
-    if fused:
-        fused(tensors, scale)
-    else:
-        for t in tensors:
-            t.mul_(scale)
-
-
 def foreach_lerp_(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: float) -> None:
     """``target += weight (source - target)`` for each pair in place: ``torch._foreach_lerp_``, else ``Tensor.lerp_``
-    per pair (T3)."""
+    per pair (T1)."""
     fused = getattr(torch, "_foreach_lerp_", None)
     if fused:
         fused(targets, sources, weight)
@@ -223,7 +184,7 @@ def foreach_lerp_(targets: list[torch.Tensor], sources: list[torch.Tensor], weig
 
 
 def foreach_copy_(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-    """Copy each source into its destination in place: ``torch._foreach_copy_``, else ``Tensor.copy_`` per pair (T3)."""
+    """Copy each source into its destination in place: ``torch._foreach_copy_``, else ``Tensor.copy_`` per pair (T1)."""
     fused = getattr(torch, "_foreach_copy_", None)
     if fused:
         fused(destinations, sources)

@@ -102,10 +102,7 @@ class LogConfig:
                 )
 
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
-
-
-@allowed(seed="[0, 1e9]", total_frames="[1, inf)", gamma="(0, 1]", threads="[0, 1024]", compile_mode=COMPILE_MODES)
+@allowed(seed="[0, 1e9]", total_frames="[1, inf)", gamma="(0, 1]", threads="[0, 1024]")
 @dataclass
 class Config:
     loss: str = "acer"  # the algorithm: one of the registry (acer_torchrl/settings/__init__.py)
@@ -117,12 +114,6 @@ class Config:
     # the learner's torch intra-op threads; 0: the cores the collector workers leave free (at least 1).
     # More threads than free cores make every op wait for a core (measured: benchmarks/results/learner.md).
     threads: int = 0
-    # torch.compile the learner's feed-forward networks (torso and heads, forward and backward; the loss's own
-    # arithmetic stays eager): the same numbers; the first updates wait for the compilation (~30-60 s on a CPU). For a
-    # CUDA learner: on a CPU it was slower (benchmarks/results/compile.md)
-    compile: bool = False
-    # torch.compile's mode (compile=true): reduce-overhead also records CUDA graphs (a CUDA learner only)
-    compile_mode: str = "default"
     run_dir: str | None = None  # where the run writes (None: runs/<loss>-<env>-s<seed>-<time>)
     # a run directory to continue from its latest checkpoint; a changed setting is applied from there on if config.py's
     # APPLIED_ON_RESUME lists it (total_frames, optim.*, eval.*, log.*, ...), else refused (env, loss, network, seed...)
@@ -159,7 +150,6 @@ class Config:
             check_allowed(section, prefix, preset)
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:<index>, got {self.device!r}")
-        self.validate_compile()
         if self.replay.min_size > self.replay.capacity:
             raise ConfigError(
                 f"replay.min_size={self.replay.min_size} exceeds replay.capacity={self.replay.capacity}: "
@@ -200,18 +190,6 @@ class Config:
             unused.update(dict.fromkeys(priority_keys, "replay.prioritized=false"))
         algorithm_unused = getattr(self.algo, "unused_keys", None)
         return {**unused, **(algorithm_unused(self) if algorithm_unused else {})}
-
-
-    def validate_compile(self) -> None:
-        """``compile_mode`` only with ``compile=true``; CUDA graphs only on a CUDA learner; no LSTM core."""
-        if self.compile_mode != "default" and not self.compile:
-            raise ConfigError(f"compile_mode={self.compile_mode} applies to compiled networks; add compile=true")
-        if self.compile_mode == "reduce-overhead" and self.device == "cpu":
-            raise ConfigError("compile_mode=reduce-overhead records CUDA graphs, which need device=cuda; "
-                              "on device=cpu use compile_mode=default")
-        if self.compile and self.network.lstm:
-            raise ConfigError("compile=true compiles feed-forward networks only (an LSTM core's TensorDict calls "
-                              "break the graph at every segment); drop compile=true or network.lstm=true")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -311,8 +289,21 @@ def _valid_keys(obj: Any, prefix: str = "") -> list[str]:
     return keys
 
 
+# keys this package no longer has, with the value a run's config.yaml recorded for them then (a resume of such a run
+# reads it: accepted, and it means nothing now) and why they went (any other value is refused in one line saying so)
+REMOVED_KEYS = {
+    key: (value, "torch.compile made the learner slower on a CPU and bought nothing on an H100 "
+                 "(benchmarks/results/speed-pieces.md)")
+    for key, value in (("compile", False), ("compile_mode", "default"))
+}
+
+
 def set_key(cfg: Config, key: str, value: Any) -> None:
-    """Set a dotted ``key`` on ``cfg`` with type checking; the algorithm's section is ``<loss>.<field>``."""
+    """Set a dotted ``key`` on ``cfg`` with type checking; the algorithm's section is ``<loss>.<field>``. A key of
+    :data:`REMOVED_KEYS` is accepted with the value it stood for before it went, and refused with any other."""
+    if key in REMOVED_KEYS:
+        refuse_removed_key(key, value)
+        return
     parts = key.split(".")
     target: Any = cfg
     if parts[0] == cfg.loss and len(parts) > 1:
@@ -333,6 +324,13 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
             target = getattr(target, part)
             if not dataclasses.is_dataclass(target):
                 raise ConfigError(_unknown_key_message(cfg, key))
+
+
+def refuse_removed_key(key: str, value: Any) -> None:
+    """A one-line :class:`ConfigError` when ``value`` of the removed ``key`` asks for something that is gone."""
+    before, why = REMOVED_KEYS[key]
+    if _coerce(value, type(before), key) != before:
+        raise ConfigError(f"{key}={value}: the key was removed ({why}); drop it")
 
 
 def _unknown_key_message(cfg: Config, key: str) -> str:
@@ -475,7 +473,7 @@ def _check_preset_fits_env(cfg: Config, presets: dict[str, dict]) -> None:
 # shape, which the checkpoint's networks, optimiser state and replay were made for. A key not listed here is refused,
 # never silently ignored: a new key joins this list once a resume really applies it.
 APPLIED_ON_RESUME = (
-    "total_frames", "device", "threads", "compile", "compile_mode",
+    "total_frames", "device", "threads",
     "collector.workers", "collector.frames_per_batch",
     "replay.batch_size", "replay.seq_len", "replay.min_size", "replay.recurrent_state",
     "optim.lr", "optim.eps", "optim.max_grad_norm", "optim.weight_decay", "optim.lr_end_factor",

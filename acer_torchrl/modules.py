@@ -17,11 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import distributions as D
 from torch import nn
-from torch.autograd.function import once_differentiable
 from torchrl.envs.transforms import Transform
 from torchrl.modules import LSTMModule
 from torchrl.envs.utils import ExplorationType, exploration_type
@@ -29,46 +27,9 @@ from torchrl.envs.utils import ExplorationType, exploration_type
 from acer_torchrl.envs import MINATAR_GRID, EnvInfo
 from acer_torchrl.objectives.functional import truncated_normal_log_prob, truncated_normal_sample, truncation_log_z
 from acer_torchrl.objectives.names import BEHAVIOUR, policy_keys
-from acer_torchrl.objectives.network_call import TensorCall
 
 
-def softsign_and_denominator(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x / (1 + |x|)`` and its denominator ``1 + |x|`` (what :func:`softsign_backward` reads)."""
-    denominator = x.abs().add_(1.0)
-    return x / denominator, denominator
-
-
-def softsign_backward(grad: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
-    """``grad`` times Softsign's derivative ``1 / (1 + |x|)^2``."""
-    return grad / (denominator * denominator)
-
-
-class _SoftsignFunction(torch.autograd.Function):
-    """``x / (1 + |x|)`` with its derivative ``1 / (1 + |x|)^2`` written out: autograd's backward through the
-    composite (``abs``, ``add``, ``div``) takes five full-size ops, this one two (timed on V-RACER's 2x128
-    Softsign network: ``benchmarks/results/learner.md``)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y, denominator = softsign_and_denominator(x)
-        ctx.save_for_backward(denominator)
-        return y
-
-    @staticmethod
-    @once_differentiable  # a second derivative would miss the denominator's dependence on x
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (denominator,) = ctx.saved_tensors
-        return softsign_backward(grad, denominator)
-
-
-class Softsign(nn.Module):
-    """``nn.Softsign`` with the cheaper backward of :class:`_SoftsignFunction` (same values)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _SoftsignFunction.apply(x)
-
-
-_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "softsign": Softsign}
+_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "softsign": nn.Softsign}
 
 
 def activation(name: str) -> type[nn.Module]:
@@ -303,27 +264,7 @@ class BehaviourSampler(nn.Module):
         return action, torch.distributions.Normal(loc, scale, validate_args=False).log_prob(action).sum(-1)
 
 
-class ActingPolicy(TensorDictSequential):
-    """The acting policy's chain of modules. Called on a TensorDict, it runs them on tensors when every one is a
-    plain ``TensorDictModule`` (:class:`~acer_torchrl.objectives.network_call.TensorCall`) and writes the same entries
-    (every module's ``out_keys``) into it; otherwise (an LSTM core) it is the ``TensorDictSequential`` call. A
-    collector worker or an evaluation calls it once an env step: the TensorDict dispatch was a large
-    share of a CartPole MLP policy call (``benchmarks/results/learner.md``)."""
-
-    def __init__(self, *modules: TensorDictModuleBase):
-        super().__init__(*modules)
-        self._tensors = TensorCall.of(*self.module)
-
-    def forward(self, tensordict: TensorDictBase | None = None, *args, **kwargs) -> TensorDictBase:
-        if self._tensors is None or not isinstance(tensordict, TensorDictBase) or args or kwargs:
-            return super().forward(tensordict, *args, **kwargs)
-        values = self._tensors.on(tensordict)
-        for key in self.out_keys:
-            tensordict.set(key, values[key])
-        return tensordict
-
-
-def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> ActingPolicy:
+def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> TensorDictSequential:
     """Stochastic acting policy: torso + ``policy_head`` writing behaviour statistics, then a
     :class:`BehaviourSampler` writing ``"action"`` and ``("behaviour", "log_prob")``.
 
@@ -334,7 +275,7 @@ def acting_policy(torso: Torso, policy_head: nn.Module, info: EnvInfo) -> Acting
     stat_keys = [(BEHAVIOUR, n) for n in policy_keys(info.discrete)]
     stats = TensorDictModule(policy_head, in_keys=["core"], out_keys=stat_keys)
     sampler = TensorDictModule(BehaviourSampler(info.discrete), in_keys=stat_keys, out_keys=["action", (BEHAVIOUR, "log_prob")])
-    return ActingPolicy(*torso.module, stats, sampler)
+    return TensorDictSequential(*torso.module, stats, sampler)
 
 
 def learning_module(torso: Torso, *heads: TensorDictModuleBase) -> TensorDictSequential:

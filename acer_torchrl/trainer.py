@@ -27,7 +27,6 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.modules import set_recurrent_mode
 from tqdm import tqdm
 
-from acer_torchrl._torchrl_compat import foreach_mul_, foreach_norm
 from acer_torchrl.agent import Agent
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
@@ -40,7 +39,7 @@ from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, m
                                   read_summary, save_learning_curve, write_summary)
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.objectives.names import PRIORITY_KEY, PRIORITY_WEIGHT_KEY
-from acer_torchrl.optim import AdamStep, adam_settings
+from acer_torchrl.optim import adam_settings
 from acer_torchrl.processes import RunGuard, StopSignals
 from acer_torchrl.priority_tree import SequencePriorities
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay, unprioritized
@@ -119,12 +118,9 @@ class Trainer:
         # collectors and evaluation act on CPU: with a GPU learner they get a CPU copy, copied into after updates
         self.acting = self.agent.policy if self.device.type == "cpu" else copy.deepcopy(self.agent.policy)
         self.loss = self.agent.loss.to(self.device)
-        if cfg.compile:
-            self.loss.compile_networks(mode=cfg.compile_mode)
         params = [p for p in self.loss.parameters() if p.requires_grad]
         # fused: one kernel for all parameters
         self.optimizer = torch.optim.Adam(params, **adam_settings(cfg.optim), fused=True)
-        self.optimizer_step = AdamStep(self.optimizer)  # optimizer.step(), the same kernel without its Python
         self.params = params
         self.replay: Replay = self.make_replay()
         self.online = OnlineWindows(cfg.replay.seq_len)
@@ -338,7 +334,7 @@ class Trainer:
         grad_norm = self.clip_gradients()
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
-        self.optimizer_step()
+        self.optimizer.step()
         for updater in self.agent.updaters:
             updater.step()
         self.counters.updates += 1
@@ -353,18 +349,9 @@ class Trainer:
 
     @torch.no_grad()
     def clip_gradients(self) -> torch.Tensor:
-        """Clip the gradients' global norm at ``optim.max_grad_norm``; returns the norm before clipping (logged).
-        With ``inf`` (no clipping) only the norm is computed, not a rescaling by 1 of every gradient.
-
-        ``torch.nn.utils.clip_grad_norm_``'s arithmetic (the same bits) for parameters on one device and of one
-        dtype, as the learner's are (fused Adam needs that too), without its grouping, which
-        costs more than the arithmetic for ACER CartPole's network."""
-        grads = [p.grad for p in self.params if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack(foreach_norm(grads)))
-        max_norm = self.cfg.optim.max_grad_norm
-        if not math.isinf(max_norm):
-            foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-        return norm
+        """Clip the gradients' global norm at ``optim.max_grad_norm`` (``inf``: no clipping); returns the norm before
+        clipping (logged)."""
+        return torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
 
     def fill_replay(self, steps: int, batches: Iterator[TensorDictBase] | None = None) -> None:
         """Store collected batches until the replay holds at least ``steps`` env steps, taking no update: a filled

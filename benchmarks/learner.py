@@ -5,9 +5,11 @@
     python benchmarks/learner.py devices <algo> <preset> [--devices cuda cpu] [--updates 200] [--out rows.json] ...
     python benchmarks/learner.py phase <run dir> [more run dirs] [--from 25000]
     python benchmarks/learner.py same-numbers <algo> <preset> [--updates 1500] [key=value ...]
+    python benchmarks/learner.py pieces <algo> <preset> [--rounds 10] [--updates 50] [--only PIECE ...] [key=value ...]
 
 ``update`` (the CPU time of one update), ``devices`` (updates/s on each device), ``phase`` (env steps/s of runs
-once learning) and ``same-numbers`` (a speed-up changed no number) are told in their functions' docstrings
+once learning), ``same-numbers`` (a speed-up changed no number) and ``pieces`` (what each speed-only piece buys) are
+told in their functions' docstrings
 (``--help`` prints them). With no such word first, the end-to-end comparison with the floor:
 
 For each preset, one after the other on the same cores:
@@ -47,20 +49,28 @@ import json
 import os
 import platform
 import pstats
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.nn import ProbabilisticTensorDictModule, TensorDictSequential
 from torch import nn
+from torchrl.modules import IndependentNormal
 
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import env_info
-from acer_torchrl.modules import make_encoder
+from acer_torchrl.modules import BehaviourSampler, TruncatedGaussian, make_encoder
+from acer_torchrl.objectives.functional import truncated_normal_log_prob
+from acer_torchrl.objectives.names import BEHAVIOUR
+from acer_torchrl.objectives.refer import gaussian_kl
+from acer_torchrl.objectives.updaters import FusedHardUpdate, FusedSoftUpdate
 from acer_torchrl.replay import TRAJ_KEY
 from acer_torchrl.settings import get_algorithm
 from acer_torchrl.trainer import Trainer, learner_threads
@@ -422,6 +432,16 @@ def learning_phases(argv: list[str]) -> None:
         print(json.dumps(learning_phase(run_dir, args.start)))
 
 
+def in_process(algo: str, preset: str, overrides: list[str]):
+    """A trainer of the preset on one thread, and its collector acting in this process (``collector.workers=0``: no
+    scheduling between processes, so a run is deterministic)."""
+    cfg = load_config(algo, [f"preset={preset}", "collector.workers=0", f"run_dir={tempfile.mkdtemp()}/run",
+                             "log.progress=false", *overrides])
+    trainer = Trainer(cfg)
+    torch.set_num_threads(1)
+    return trainer, trainer.make_collector(10**12)
+
+
 def same_numbers(argv: list[str]) -> None:
     """A fingerprint of a fixed-seed training run in one process, to show that a speed-up changed no number.
 
@@ -441,12 +461,8 @@ def same_numbers(argv: list[str]) -> None:
     parser.add_argument("preset")
     parser.add_argument("--updates", type=int, default=1500)
     args, overrides = parser.parse_known_args(argv)
-    cfg = load_config(args.algo, [f"preset={args.preset}", "collector.workers=0", f"run_dir={tempfile.mkdtemp()}/run",
-                                  "log.progress=false", *overrides])
-    trainer = Trainer(cfg)
-    torch.set_num_threads(1)
-    collector = trainer.make_collector(10**12)
-    batches = iter(collector)
+    trainer, collector = in_process(args.algo, args.preset, overrides)
+    cfg, batches = trainer.cfg, iter(collector)
     trainer.fill_replay(cfg.replay.min_size + 100, batches)
     digest, done, cpu = hashlib.sha256(), 0, 0.0
     while done < args.updates:
@@ -474,8 +490,224 @@ def same_numbers(argv: list[str]) -> None:
           f"sha256 {digest.hexdigest()}")
 
 
+def plain_refer_terms(value, loc, scale, log_rho, action, mu_loc, mu_scale, v_tbc, q_ret, refer, mask, log_z) -> tuple:
+    """V-RACER's three loss terms as autograd takes them (the plain form of ``refer_terms`` and its written-out
+    partials): the same values and gradients, ``log rho`` differentiated through the policy's log-density."""
+    log_pi = truncated_normal_log_prob(action, loc, scale, log_z).unsqueeze(-1)
+    near = refer.near_policy(log_rho)
+    rho, slope = refer.weight(log_rho, near)
+    rho = rho + slope * (log_pi - log_pi.detach())  # the value of rho, the derivative slope * d log pi
+    kl = gaussian_kl(mu_loc, mu_scale, loc, scale)
+    objective = refer.gate(-rho * (q_ret - value.detach()), near, mask)
+    return objective, refer.gate(0.5 * (value - v_tbc).pow(2), near, mask), refer.penalty(kl, mask), kl, near
+
+
+def plain_written_out_backward(trainer: Trainer) -> Callable[[], None] | None:
+    """V-RACER's update through autograd: the network's modules and :func:`plain_refer_terms`."""
+    loss = trainer.loss
+    if getattr(loss, "network_call", None) is None:
+        return None
+    network_call, loss.network_call = loss.network_call, None
+    terms = partial(plain_refer_terms, log_z=loss._log_z)
+    loss.forward = lambda td: loss._terms(td, *loss._outputs(td), terms=terms)[0]
+
+    def undo() -> None:
+        loss.network_call = network_call
+        del loss.forward
+    return undo
+
+
+def plain_written_out_network(trainer: Trainer) -> Callable[[], None] | None:
+    """V-RACER's network under autograd (its modules), ReF-ER's terms still one node with written-out partials."""
+    loss = trainer.loss
+    if getattr(loss, "network_call", None) is None:
+        return None
+    network_call, loss.network_call = loss.network_call, None
+    return lambda: setattr(loss, "network_call", network_call)
+
+
+class WalkedUpdate:
+    """A fused target / average updater's step as TorchRL's ``SoftUpdate`` / ``HardUpdate`` take it: the loss's
+    ``<name>_params`` and ``target_<name>_params`` walked key by key, one ``lerp_`` / ``copy_`` a tensor (the plain
+    form of ``objectives/updaters.py``; TorchRL's own classes refuse ACER's average network, whose target
+    parameters require a gradient)."""
+
+    def __init__(self, fused: FusedSoftUpdate | FusedHardUpdate):
+        self.fused = fused
+
+    def step(self) -> None:
+        fused, soft = self.fused, isinstance(self.fused, FusedSoftUpdate)
+        if not soft and fused.counter != fused.value_network_update_interval:
+            fused.counter += 1
+            return
+        fused.counter = 0
+        loss = fused.loss_module
+        for name, targets in loss.named_children():
+            network = name[len("target_"):-len("_params")]
+            if name.startswith("target_") and name.endswith("_params") and network in (fused.networks or (network,)):
+                for key, source in getattr(loss, name[len("target_"):]).items(True, True):
+                    if source.requires_grad:
+                        target = targets.get(key).data
+                        target.lerp_(source.data, 1.0 - fused.eps) if soft else target.copy_(source.data)
+
+
+def plain_updaters(trainer: Trainer) -> Callable[[], None] | None:
+    """:class:`WalkedUpdate` in place of each fused updater."""
+    agent = trainer.agent
+    fused = agent.updaters
+    if not fused:
+        return None
+    agent.updaters = [WalkedUpdate(u) for u in fused]
+    return lambda: setattr(agent, "updaters", fused)
+
+
+def probabilistic_sampler(sampler: BehaviourSampler, stat_keys: list) -> ProbabilisticTensorDictModule:
+    """TorchRL's way of drawing ``sampler``'s actions: a distribution object built from the statistics at every call
+    (``Categorical``; ``TruncatedGaussian``; an independent ``Normal``), its draw and log-probability."""
+    names = [key[-1] for key in stat_keys]
+    if sampler.discrete:
+        family, options = torch.distributions.Categorical, {}
+    elif sampler.truncation is not None:
+        family, options = TruncatedGaussian, {"width": sampler.truncation}
+    else:
+        family, options = IndependentNormal, {}
+    return ProbabilisticTensorDictModule(
+        in_keys=dict(zip(names, stat_keys)), out_keys=["action"], distribution_class=family,
+        distribution_kwargs=options, return_log_prob=True, log_prob_key=(BEHAVIOUR, "log_prob"))
+
+
+def plain_sampling(policy: TensorDictSequential) -> Callable[[], None] | None:
+    """The acting policy ending in :func:`probabilistic_sampler` (TorchRL's way) instead of ``BehaviourSampler``."""
+    last = policy.module[-1]
+    if not isinstance(last.module, BehaviourSampler):
+        return None
+    policy.module[-1] = probabilistic_sampler(last.module, list(last.in_keys))
+    return lambda: policy.module.__setitem__(-1, last)
+
+
+# each speed-only piece: the switch to its plain form (None: the preset does not use it; else the undo)
+PIECES = {
+    "written-out-backward": plain_written_out_backward,
+    "written-out-network": plain_written_out_network,
+    "fused-updaters": plain_updaters,
+}
+
+
+def alternated(run: Callable[[], float], switch: Callable[[], Callable[[], None] | None], rounds: int) -> list[float]:
+    """Per round, ``run()``'s seconds with the plain form over those with the piece (the order swapped every other
+    round), after one untimed run of each: the piece's speed-up, one figure a round. Empty when ``switch`` finds
+    nothing to switch."""
+    undo = switch()
+    if undo is None:
+        return []
+    run()  # warm-up of both forms
+    undo()
+    run()
+    ratios = []
+    for n in range(rounds):
+        times = {}
+        for plain in (n % 2 == 1, n % 2 == 0):
+            undo = switch() if plain else None
+            times[plain] = run()
+            if undo is not None:
+                undo()
+        ratios.append(times[True] / times[False])
+    return ratios
+
+
+def pieces(argv: list[str]) -> None:
+    """What each speed-only piece of the learner and the acting path buys on a preset: its plain form and the piece
+    itself alternated in one process (``--rounds`` rounds, the order swapped every other round), the median of the
+    per-round ratios plain / piece of CPU time.
+
+        python benchmarks/learner.py pieces vracer mujoco env.name=Hopper-v5 --rounds 10 --updates 100
+
+    Learner pieces: ``--updates`` updates (draw and update, one thread) a round on a replay filled in-process, as
+    ``update`` times them; the pieces are :data:`PIECES`. Acting pieces (:data:`ACTING`): the acting policy's call on
+    one collected step of a worker's envs (``--calls`` a round); ``sampling``: ``BehaviourSampler`` against TorchRL's
+    probabilistic module.
+    A ratio of 1.10 means the plain form takes 10 % more time. Each piece's plain form is a switch on the built
+    objects here (this script's ``plain_*`` functions), never a setting of the library.
+    """
+    parser = argparse.ArgumentParser(prog="learner.py pieces", description=pieces.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("algo")
+    parser.add_argument("preset")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--updates", type=int, default=50, help="updates a round")
+    parser.add_argument("--calls", type=int, default=2000, help="acting policy calls a round")
+    parser.add_argument("--only", nargs="+", choices=[*PIECES, *ACTING], default=[*PIECES, *ACTING])
+    parser.add_argument("--end-to-end", type=int, default=0, metavar="FRAMES",
+                        help="instead: env steps/s of FRAMES-step training runs (the preset's workers) a round")
+    args, overrides = parser.parse_known_args(argv)
+    if args.end_to_end:
+        for name in args.only:
+            report_piece(args.algo, args.preset, overrides, name,
+                         end_to_end_ratios(args.algo, [f"preset={args.preset}", *overrides], args.end_to_end, name,
+                                           args.rounds))
+        return
+    trainer, collector = in_process(args.algo, args.preset, overrides)
+    cfg, batches = trainer.cfg, iter(collector)
+    trainer.fill_replay(max(2_000, cfg.replay.min_size + 500), batches)
+    step = next(batches)[..., 0].select(*trainer.acting.in_keys, strict=False)  # one step of each env
+    collector.shutdown()
+    for _ in range(10):  # warm-up
+        trainer.update(trainer.draw_batch(0.0))
+
+    def updates() -> float:
+        start = time.process_time()
+        for _ in range(args.updates):
+            trainer.update(trainer.draw_batch(0.0))
+        return time.process_time() - start
+
+    def acting() -> float:
+        start = time.process_time()
+        with torch.no_grad():
+            for _ in range(args.calls):
+                trainer.acting(step.clone(False))
+        return time.process_time() - start
+
+    for name in args.only:
+        ratios = alternated(acting if name in ACTING else updates, lambda: switch_piece(trainer, name), args.rounds)
+        report_piece(args.algo, args.preset, overrides, name, ratios)
+
+
+ACTING = {"sampling": plain_sampling}  # acting pieces: switches of the acting policy
+
+
+def switch_piece(trainer: Trainer, name: str) -> Callable[[], None] | None:
+    """The plain form of piece ``name`` (:data:`PIECES` or :data:`ACTING`) in ``trainer``; its undo, or None."""
+    return ACTING[name](trainer.acting) if name in ACTING else PIECES[name](trainer)
+
+
+def end_to_end_ratios(algo: str, settings: list[str], frames: int, name: str, rounds: int) -> list[float]:
+    """Per round, the env steps/s of a ``frames``-step training run (the recipe's, in this process) with piece
+    ``name`` over one with its plain form, the order swapped every other round; empty when the preset lacks it."""
+    ratios = []
+    for n in range(rounds):
+        rates = {}
+        for plain in (n % 2 == 1, n % 2 == 0):
+            with tempfile.TemporaryDirectory() as tmp:
+                trainer = Trainer(load_config(algo, [*settings, f"total_frames={frames}", f"run_dir={tmp}/run",
+                                                     "log.progress=false"]))
+                if plain and switch_piece(trainer, name) is None:
+                    trainer.close()
+                    return []
+                rates[plain] = trainer.train()["env_steps_per_s"]
+        ratios.append(rates[False] / rates[True])
+    return ratios
+
+
+def report_piece(algo: str, preset: str, overrides: list[str], name: str, ratios: list[float]) -> None:
+    """One JSON line: piece ``name``'s per-round ratios on the preset, their median and the load average."""
+    row = {"preset": f"{algo}:{preset}", "piece": name, "overrides": overrides, "load": round(os.getloadavg()[0], 1),
+           "median": round(statistics.median(ratios), 3) if ratios else None, "ratios": [round(r, 3) for r in ratios]}
+    print(json.dumps(row), flush=True)
+
+
+
 COMMANDS = {"update": update_cost, "devices": device_updates, "phase": learning_phases,
-            "same-numbers": same_numbers}
+            "same-numbers": same_numbers, "pieces": pieces}
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""The acting policy's sampler against torch's own distributions (and V-RACER's truncated normal); the Softsign
-activation against torch's; a network called on tensors against its TensorDict call."""
+"""The acting policy's sampler against torch's own distributions (and V-RACER's truncated normal); a chain of
+networks called through ``NetworkCall`` against its TensorDict calls."""
 
 import math
 
@@ -9,10 +9,9 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.envs.utils import ExplorationType, set_exploration_type
-from torchrl.modules import LSTMModule
 
-from acer_torchrl.modules import ActingPolicy, BehaviourSampler, GaussianHead, Softsign, TruncatedGaussian
-from acer_torchrl.objectives.network_call import NetworkCall, TensorCall
+from acer_torchrl.modules import BehaviourSampler, GaussianHead, TruncatedGaussian
+from acer_torchrl.objectives.network_call import NetworkCall
 
 
 def test_discrete_draws_are_categoricals_draws_with_their_log_prob():
@@ -77,57 +76,11 @@ def test_greedy_under_deterministic_exploration(kind):
     assert not torch.allclose(draws[0], draws[1])  # random again outside the greedy context
 
 
-def test_softsign_values_and_gradient_are_torchs_and_the_derivative_of_x_over_1_plus_abs_x():
-    x = torch.cat([torch.randn(64, 8, dtype=torch.float64) * 3, torch.zeros(1, 8, dtype=torch.float64)])
-    x.requires_grad_(True)
-    grad_out = torch.randn_like(x)
-    ours = Softsign()(x)
-    (ours_grad,) = torch.autograd.grad(ours, x, grad_out)
-    reference = torch.nn.Softsign()(x)
-    (reference_grad,) = torch.autograd.grad(reference, x, grad_out)
-    torch.testing.assert_close(ours, reference, rtol=0, atol=0)
-    torch.testing.assert_close(ours_grad, reference_grad, rtol=1e-14, atol=0)
-    torch.testing.assert_close(ours_grad, grad_out / (1 + x.detach().abs()) ** 2, rtol=1e-14, atol=0)
-    assert torch.autograd.gradcheck(Softsign(), (x[:5, :3].detach().clone().requires_grad_(True),))
-
-
-def test_a_network_called_on_tensors_gives_its_tensordict_calls_outputs_and_gradients():
+def test_a_chain_of_networks_gives_its_tensordict_calls_outputs_from_a_tensordict_or_tensors():
     torch.manual_seed(0)
-    body = TensorDictModule(nn.Sequential(nn.Linear(4, 8), Softsign()), in_keys=["observation"], out_keys=["hidden"])
-    heads = TensorDictModule(lambda h: (h.sum(-1, keepdim=True), 2 * h), in_keys=["hidden"], out_keys=["value", ("out", "x")])
-    network = TensorDictSequential(TensorDictSequential(body), heads)
-    obs = torch.randn(5, 4)
-    td = network(TensorDict({"observation": obs}, batch_size=[5]))
-    out = TensorCall.of(network)({"observation": obs})
-    for key in ("hidden", "value", ("out", "x")):
-        torch.testing.assert_close(out[key], td.get(key), rtol=0, atol=0)
-    (grad,) = torch.autograd.grad(out["value"].sum(), body.module[0].weight)
-    (expected,) = torch.autograd.grad(td.get("value").sum(), body.module[0].weight)
-    torch.testing.assert_close(grad, expected, rtol=0, atol=0)
-
-
-def test_networks_that_need_a_tensordict_are_not_called_on_tensors():
-    """A recurrent core, a module taking keyword inputs: the loss calls these with a TensorDict."""
-    lstm = LSTMModule(input_size=4, hidden_size=8, in_key="observation", out_key="core")
-    assert TensorCall.of(TensorDictSequential(lstm)) is None
-    keywords = TensorDictModule(lambda x: x, in_keys={"x": "observation"}, out_keys=["y"])
-    assert TensorCall.of(keywords) is None
-    assert TensorCall.of(TensorDictModule(lambda x: x, in_keys=["observation"], out_keys=["y"])) is not None
-
-
-class NotPlain(TensorDictModule):
-    """A TensorDictModule subclass: TensorCall does not know what its forward adds, so it is called with TensorDicts."""
-
-
-@pytest.mark.parametrize("plain", [True, False])
-def test_a_chain_of_networks_gives_its_tensordict_calls_outputs_from_a_tensordict_or_tensors(plain):
-    torch.manual_seed(0)
-    kind = TensorDictModule if plain else NotPlain
-    actor = TensorDictSequential(kind(nn.Linear(4, 8), in_keys=["observation"], out_keys=["core"]))
+    actor = TensorDictSequential(TensorDictModule(nn.Linear(4, 8), in_keys=["observation"], out_keys=["core"]))
     critic = TensorDictModule(nn.Linear(8, 2), in_keys=["core"], out_keys=[("critic", "q")])
     call = NetworkCall(actor, critic)
-    assert (call.tensors is not None) == plain
-    assert call.tensors is None or call.tensors.in_keys == ["observation"]
     obs = torch.randn(5, 4)
     expected = critic(actor(TensorDict({"observation": obs, "other": torch.zeros(5)}, batch_size=[5])))
     for inputs in (TensorDict({"observation": obs, "other": torch.zeros(5)}, batch_size=[5]), {"observation": obs}):
@@ -135,35 +88,3 @@ def test_a_chain_of_networks_gives_its_tensordict_calls_outputs_from_a_tensordic
         for key in ("core", ("critic", "q")):
             torch.testing.assert_close(out.get(key), expected.get(key), rtol=0, atol=0)
         assert out.get("other", None) is None  # the inputs the networks read, not the whole TensorDict
-
-
-@pytest.mark.parametrize("greedy", [False, True])
-@pytest.mark.parametrize("truncation", [None, 3.0], ids=["categorical", "truncated-normal"])
-def test_the_acting_policy_on_tensors_writes_what_its_tensordict_call_writes(greedy, truncation):
-    """Same entries, same draws from the same generator state (the greedy action under evaluation's exploration
-    type); with an LSTM core it is the TensorDict call."""
-    torch.manual_seed(0)
-    if truncation is None:
-        stats = [TensorDictModule(nn.Linear(4, 3), in_keys=["observation"], out_keys=[("behaviour", "logits")])]
-    else:
-        stats = [TensorDictModule(GaussianHead(4, 2), in_keys=["observation"],
-                                  out_keys=[("behaviour", "loc"), ("behaviour", "scale")])]
-    modules = [
-        *stats,
-        TensorDictModule(BehaviourSampler(discrete=truncation is None, truncation=truncation),
-                         in_keys=stats[0].out_keys, out_keys=["action", ("behaviour", "log_prob")]),
-    ]
-    policy, reference = ActingPolicy(*modules), TensorDictSequential(*modules)
-    assert policy._tensors is not None
-    obs = torch.randn(6, 4)
-    written = []
-    with set_exploration_type(ExplorationType.DETERMINISTIC if greedy else ExplorationType.RANDOM):
-        for call in (policy, reference):
-            torch.manual_seed(1)
-            written.append(call(TensorDict({"observation": obs}, batch_size=[6])))
-    ours, theirs = written
-    assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
-    for key in theirs.keys(True, True):
-        torch.testing.assert_close(ours.get(key), theirs.get(key), rtol=0, atol=0)
-    lstm = LSTMModule(input_size=4, hidden_size=8, in_key="observation", out_key="core")
-    assert ActingPolicy(lstm)._tensors is None

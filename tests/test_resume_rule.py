@@ -72,8 +72,6 @@ APPLIED = {
     "total_frames": (5000, lambda t: t.optimizer.param_groups[0]["lr"] == expected_lr(t)),
     "device": ("cpu", lambda t: t.device == torch.device("cpu")),
     "threads": (1, lambda t: torch.get_num_threads() == 1),
-    "compile": (True, lambda t: len(t.compiled_modes) > 0),  # torch.compile's calls (the test records them)
-    "compile_mode": ("max-autotune-no-cudagraphs", lambda t: set(t.compiled_modes) == {"max-autotune-no-cudagraphs"}),
     "collector.workers": (1, lambda t: collector_options(t)["num_workers"] == 1),
     "collector.frames_per_batch": (40, lambda t: collector_options(t)["frames_per_batch"] == 40),
     # read from the trainer's config at each draw (Trainer.draw_batch)
@@ -135,7 +133,7 @@ def test_every_applied_key_has_its_check_here():
 
 
 @pytest.mark.parametrize("algo", list(PRESETS))
-def test_every_key_is_applied_to_the_live_run_or_refused_on_resume(tmp_path, monkeypatch, algo):
+def test_every_key_is_applied_to_the_live_run_or_refused_on_resume(tmp_path, algo):
     run_dir = tmp_path / "run"
     tiny_checkpoint(algo, run_dir)
     saved = load_config(algo, [f"resume={run_dir}"])
@@ -155,11 +153,9 @@ def test_every_key_is_applied_to_the_live_run_or_refused_on_resume(tmp_path, mon
            for k in applied if applicable(k)}
     if algo == "vracer":
         new["replay.seq_len"] = 1  # the only value it uses (test_settings_a_loss_cannot_use_are_refused)
-    threads, compiled_modes, compile_ = torch.get_num_threads(), [], torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled_modes.append(kw.get("mode")) or compile_(fn, **kw))
+    threads = torch.get_num_threads()
     trainer = Trainer(load_config(algo, [f"resume={run_dir}", *(f"{k}={v}" for k, v in new.items())]))
     try:
-        trainer.compiled_modes = compiled_modes
         trainer.new = flat_settings(trainer.cfg)
         trainer.evaluator_made = trainer.make_evaluator()
         with mock.patch.object(sys.stderr, "isatty", return_value=True):  # the bar is drawn on a terminal only
@@ -174,6 +170,22 @@ def test_every_key_is_applied_to_the_live_run_or_refused_on_resume(tmp_path, mon
         trainer.evaluator_made.close()
         trainer.close()
         torch.set_num_threads(threads)
+
+
+def test_a_run_that_recorded_the_removed_compile_keys_resumes(tmp_path):
+    """A run from before ``compile`` went recorded ``compile: false`` and ``compile_mode: default`` in its config.yaml:
+    it resumes, and the resume changes nothing (``compile=true`` on it is refused: ``tests/test_user_errors.py``)."""
+    run_dir = tmp_path / "run"
+    tiny_checkpoint("acer", run_dir)
+    saved = run_dir / "config.yaml"
+    saved.write_text(saved.read_text() + "compile: false\ncompile_mode: default\n")
+    trainer = Trainer(load_config("acer", [f"resume={run_dir}", "total_frames=5000"]))
+    try:
+        assert trainer.counters.env_steps == SAVED_STEPS
+        (record,) = [json.loads(line) for line in (run_dir / "resumes.jsonl").read_text().splitlines()]
+        assert set(record["changed"]) == {"total_frames"}  # the compile keys are no change
+    finally:
+        trainer.close()
 
 
 def test_optimiser_settings_changed_on_resume_reach_the_loaded_optimiser(tmp_path):

@@ -1,5 +1,5 @@
-"""The private torch functions' public fallbacks (``acer_torchrl/_torchrl_compat.py``, T2-T3; T1 in
-``tests/test_optim.py``) and the target updaters' pairs, read from the loss's public attributes."""
+"""The private torch functions' public fallbacks (``acer_torchrl/_torchrl_compat.py``, T1) and the target
+updaters' pairs, read from the loss's public attributes."""
 
 import pytest
 import torch
@@ -17,16 +17,6 @@ def tensors(seed: int) -> list[torch.Tensor]:
     return [torch.randn(shape, generator=g) for shape in [(64, 5), (64,), (3, 64), (3,), (1,)]]
 
 
-def norms() -> list[torch.Tensor]:
-    return compat.foreach_norm(tensors(0))
-
-
-def scaled() -> list[torch.Tensor]:
-    out = tensors(0)
-    compat.foreach_mul_(out, torch.tensor(0.37))
-    return out
-
-
 def lerped() -> list[torch.Tensor]:
     out = tensors(0)
     compat.foreach_lerp_(out, tensors(1), 0.01)
@@ -39,7 +29,7 @@ def copied() -> list[torch.Tensor]:
     return out
 
 
-CALLS = {"_foreach_norm": norms, "_foreach_mul_": scaled, "_foreach_lerp_": lerped, "_foreach_copy_": copied}
+CALLS = {"_foreach_lerp_": lerped, "_foreach_copy_": copied}
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))

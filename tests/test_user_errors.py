@@ -103,6 +103,10 @@ MORE_CASES = [
     ("resume: unknown key in config.yaml", lambda t: [f"resume={saved_config(t, 'optim: {lrr: 1}')}"],
      "config.yaml: unknown config key 'optim.lrr'; did you mean optim.lr"),
     ("resume: not a mapping", lambda t: [f"resume={saved_config(t, '- 1')}"], "holds no run configuration"),
+    # compile=true went (benchmarks/results/speed-pieces.md): asked for, or recorded by a run that used it
+    ("compile=true", ["compile=true"], "compile=true: the key was removed (torch.compile made the learner slower"),
+    ("resume: compile: true in config.yaml", lambda t: [f"resume={saved_config(t, 'compile: true')}"],
+     "config.yaml: compile=True: the key was removed"),
     # a name longer than a file system's file names: the OS's error came up where the path was first used
     ("run_dir: a 300-byte name", lambda t: [f"run_dir={t / ('r' * 300)}"], "a part of that path is 300 bytes long"),
     ("resume: a 300-byte name", lambda t: [f"resume={t / ('r' * 300)}"], "a part of that path is 300 bytes long"),

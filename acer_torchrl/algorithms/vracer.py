@@ -24,8 +24,7 @@ from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.estimates.vracer import VRACEREstimates
 from acer_torchrl.modules import (
-    ActingPolicy, BehaviourSampler, GaussianHead, MLPEncoder, Softsign, Standardize, learning_module, make_torso,
-    softsign_and_denominator, softsign_backward,
+    BehaviourSampler, GaussianHead, MLPEncoder, Standardize, learning_module, make_torso,
 )
 from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.vracer import VRACERLoss
@@ -81,6 +80,18 @@ class VRACERHead(nn.Module):
         return self.center + self.half_range * loc, self.half_range * std
 
 
+def softsign_and_denominator(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``nn.Softsign``'s ``x / (1 + |x|)`` (the same operations, the same bits) and its denominator ``1 + |x|``
+    (what :func:`softsign_backward` reads)."""
+    denominator = x.abs().add_(1.0)
+    return x / denominator, denominator
+
+
+def softsign_backward(grad: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """``grad`` times Softsign's derivative ``1 / (1 + |x|)^2``."""
+    return grad / (denominator * denominator)
+
+
 class _NetworkFunction(torch.autograd.Function):
     """:class:`WrittenOutNetwork`'s forward as one autograd node, its backward written out (each step the
     derivative autograd takes of the modules' operation: the same kernels, hence the same bits, tested)."""
@@ -110,7 +121,7 @@ class WrittenOutNetwork:
     of 256 on one core (``benchmarks/results/learner.md``).
     The loss calls it instead of the TensorDict network (:class:`~acer_torchrl.objectives.vracer.VRACERLoss`'s
     ``network_call``), and the trainer's update calls :meth:`evaluate` and :meth:`gradients` without autograd
-    (``VRACERLoss.forward_backward``); :meth:`of` gives None for hidden activations other than :class:`Softsign`."""
+    (``VRACERLoss.forward_backward``); :meth:`of` gives None for hidden activations other than ``nn.Softsign``."""
 
     def __init__(self, encoder: StandardizedMLP, head: VRACERHead):
         self.standardize = encoder.standardize
@@ -120,13 +131,8 @@ class WrittenOutNetwork:
     @classmethod
     def of(cls, encoder: StandardizedMLP, head: VRACERHead) -> WrittenOutNetwork | None:
         hidden = list(encoder[1])
-        plain = all(isinstance(m, Softsign) for m in hidden[1::2]) and isinstance(head.policy.raw_std, nn.Parameter)
+        plain = all(isinstance(m, nn.Softsign) for m in hidden[1::2]) and isinstance(head.policy.raw_std, nn.Parameter)
         return cls(encoder, head) if plain else None
-
-    def compile(self, **options) -> None:
-        """Run :meth:`evaluate` and :meth:`gradients` (what the update calls) through ``torch.compile(..., **options)``."""
-        self.evaluate = torch.compile(self.evaluate, **options)
-        self.gradients = torch.compile(self.gradients, **options)
 
     def parameters(self) -> list[torch.Tensor]:
         head = self.head
@@ -140,7 +146,7 @@ class WrittenOutNetwork:
         return self.evaluate(obs, params)[0]
 
     def evaluate(self, obs: torch.Tensor, params: list[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], list]:
-        """``(V, loc, scale)`` as the modules compute them (:class:`Standardize`, ``nn.Linear``, :class:`Softsign`,
+        """``(V, loc, scale)`` as the modules compute them (:class:`Standardize`, ``nn.Linear``, ``nn.Softsign``,
         :class:`VRACERHead`) with ``params`` (:meth:`parameters`), and what the backward reads: each hidden layer's
         input and Softsign denominator, then the last one's output."""
         *layers, (value_w, value_b, loc_w, loc_b), raw_std = _pairs(params)
@@ -196,7 +202,7 @@ class _PolicyStats(nn.Module):
         return self.head(core)[1:]
 
 
-def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float) -> ActingPolicy:
+def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float) -> TensorDictSequential:
     """The torso and the head's policy outputs writing ``("behaviour", "loc"/"scale")``, then a draw of the
     truncated normal writing ``"action"`` and ``("behaviour", "log_prob")`` (Algorithm 2; the mean under a greedy
     exploration type)."""
@@ -205,7 +211,7 @@ def acting_policy(network: TensorDictSequential, head: VRACERHead, width: float)
     sampler = TensorDictModule(
         BehaviourSampler(discrete=False, truncation=width), in_keys=stat_keys, out_keys=["action", (BEHAVIOUR, "log_prob")]
     )
-    return ActingPolicy(*network, stats, sampler)
+    return TensorDictSequential(*network, stats, sampler)
 
 
 def build(cfg: Config, info: EnvInfo) -> Agent:

@@ -21,7 +21,6 @@ from torchrl.modules.distributions import IndependentNormal
 from torchrl.objectives import LossModule
 
 from acer_torchrl.objectives.names import MASK_KEY
-from acer_torchrl.objectives.network_call import NetworkCall
 
 
 def objective(out: TensorDictBase) -> torch.Tensor:
@@ -74,14 +73,6 @@ class ReplayLoss(LossModule):
     def lr_scale(self) -> float:
         """Multiplier of ``optim.lr`` for the next optimiser step (annealing, e.g. ReF-ER eq. 13)."""
         return 1.0
-
-    def compile_networks(self, **options) -> None:
-        """``torch.compile`` the network calls of this loss (its :class:`NetworkCall` attributes; ``options``: the
-        keywords of ``torch.compile``). The loss's own arithmetic stays eager: its bootstrap rows, boolean indexing
-        and ``.any()`` branches are data-dependent Python, where a compiled graph would break."""
-        for call in vars(self).values():
-            if isinstance(call, NetworkCall):
-                call.compile(**options)
 
 
 def policy_distribution(discrete: bool, stats: dict[str, torch.Tensor]) -> torch.distributions.Distribution:
@@ -240,7 +231,7 @@ def evaluate_with_next_steps(
 ) -> tuple[Mapping, Mapping | None]:
     """The network ``evaluate`` on every step of ``inputs`` (``[B, T]``) and on ``s_{t+1}`` of the
     ``bootstrap`` steps of ``td`` (``[N]``, None when there are none), as :func:`next_state_values` defines it;
-    its outputs by key (a TensorDict, or a dict of tensors for a network called through :class:`TensorCall`).
+    its outputs (TensorDicts, as :class:`~acer_torchrl.objectives.network_call.NetworkCall` returns them).
 
     Feed-forward networks take both in one pass: the ``N`` stored next observations appended to the
     ``B * T`` steps (one forward instead of two; the appended rows feed only detached targets, so the
@@ -260,6 +251,4 @@ def evaluate_with_next_steps(
         now = inputs.get(key)
         steps[key] = torch.cat([now.reshape(n, *now.shape[inputs.ndim:]), td.get(("next", key))[rows]], 0)
     out = evaluate(steps)
-    if isinstance(out, TensorDictBase):
-        return out[:n].reshape(inputs.shape), out[n:]
-    return {k: v[:n].reshape(*inputs.shape, *v.shape[1:]) for k, v in out.items()}, {k: v[n:] for k, v in out.items()}
+    return out[:n].reshape(inputs.shape), out[n:]

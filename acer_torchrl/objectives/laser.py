@@ -188,7 +188,7 @@ class LASERLoss(ReplayLoss):
             self.convert_to_functional(network, "network", create_target_params=True)
         else:
             self.network = network
-        self._network = NetworkCall(self.network)  # on tensors when feed-forward (network_call.TensorCall)
+        self._network = NetworkCall(self.network)
         self.target_update = target_update
         self.discrete = discrete
         self.gamma = gamma

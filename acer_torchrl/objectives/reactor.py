@@ -313,7 +313,6 @@ class ReactorLoss(ReplayLoss):
             raise ValueError("q_network must be made of network's own modules (its Q branch)")
         self.convert_to_functional(network, "network", create_target_params=True)
         self.__dict__["q_network"] = q_network  # Q branch of `network`; its parameters live in network_params
-        # both on tensors when feed-forward (network_call.TensorCall)
         self._network, self._q_network = NetworkCall(self.network), NetworkCall(q_network)
         self.gamma, self.lam, self.pg = gamma, lam, pg
         self.beta_c, self.tislr_c, self.entropy_coeff = beta_c, tislr_c, entropy_coeff

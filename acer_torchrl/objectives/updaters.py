@@ -1,12 +1,12 @@
 """Target and average networks of the losses, updated with one fused ``torch._foreach_*`` call a step.
 
 TorchRL's ``SoftUpdate`` / ``HardUpdate`` find a loss's ``target_*_params`` and pair them with their sources
-(kept here), but every ``step()`` walks both TensorDicts key by key: a few milliseconds a learner step on
-two CPU cores, more than the forward pass of a small network (ACER CartPole, benchmarks/results/learner.md),
-and HardUpdate does that walk on every step, not only when it copies. These subclasses take the tensors
-out of the loss's public ``<name>_params`` and ``target_<name>_params`` once, at their first step (after the
-trainer moved the loss to its device), and update them together (``_torchrl_compat.py``, T3: a public fallback
-where torch lacks the fused call).
+(kept here), all of them: these subclasses can take the pairs of some networks only (``networks``: ACER's average
+policy network beside its target critic, each on its own schedule). They take the tensors out of the loss's public
+``<name>_params`` and ``target_<name>_params`` once, at their first step (after the trainer moved the loss to its
+device), and update them together (``_torchrl_compat.py``, T1: a public fallback where torch lacks the fused
+call) where TorchRL walks both TensorDicts key by key at every step (what that buys, little:
+``benchmarks/results/speed-pieces.md``).
 """
 
 from __future__ import annotations

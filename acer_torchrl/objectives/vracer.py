@@ -219,7 +219,7 @@ class VRACERLoss(ReplayLoss):
     ):
         super().__init__()
         self.network = network
-        self._network = NetworkCall(network)  # on tensors when its modules allow (network_call.TensorCall)
+        self._network = NetworkCall(network)
         self.network_call = network_call
         self.refer = ReFER(C=C, A=A, D=D, lr=lr, rule1=rule1, rule2=rule2)
         self.steps_per_update = steps_per_update
@@ -315,12 +315,6 @@ class VRACERLoss(ReplayLoss):
         for param, grad in zip(network_params, grads):
             param.grad = grad
         return out
-
-    def compile_networks(self, **options) -> None:
-        """The TensorDict network's calls and the written-out network's (``network_call``: what the update runs)."""
-        super().compile_networks(**options)
-        if self.network_call is not None:
-            self.network_call.compile(**options)
 
     def _terms(self, td: TensorDictBase, value, loc, scale, terms: Callable) -> tuple[TensorDictBase, tuple]:
         """The loss's output for the network's ``V``, mean and std at ``td``'s steps, computed by ``terms``
