@@ -49,6 +49,8 @@ class ReplayConfig:
     min_size: int = 1_000  # replay updates start once this many steps are stored
     memmap: bool = False  # memory-mapped storage under <run_dir>/replay_storage (large Atari buffers)
     recurrent_state: str = "refresh"  # refresh | stored | zero: LSTM state at a sampled sequence's start
+    # draw an update's batch on a thread while the update before it runs (the same draws; not with refresh)
+    prefetch: bool = False
 
 
 @allowed(lr="(0, inf)", eps="(0, inf)", max_grad_norm="(0, inf]", weight_decay="[0, inf)", lr_end_factor="[0, 1]")
@@ -470,6 +472,7 @@ APPLIED_ON_RESUME = (
     "total_frames", "device", "threads", "compile", "compile_mode",
     "collector.workers", "collector.frames_per_batch",
     "replay.batch_size", "replay.seq_len", "replay.min_size", "replay.recurrent_state",
+    "replay.prefetch",
     "optim.lr", "optim.eps", "optim.max_grad_norm", "optim.weight_decay", "optim.lr_end_factor",
     "eval.interval", "eval.episodes", "eval.max_steps", "eval.background",
     "log.progress", "log.tensorboard", "log.wandb", "log.checkpoint_interval",

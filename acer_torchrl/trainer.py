@@ -8,6 +8,7 @@ The workers keep collecting while the learner trains (``MultiAsyncCollector``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import copy
 import dataclasses
@@ -126,6 +127,9 @@ class Trainer:
         self.params = params
         self.replay: Replay = self.make_replay()
         self.online = OnlineWindows(cfg.replay.seq_len)
+        # replay.prefetch: one thread that draws an update plan's next batch while the update in hand runs
+        self._drawer = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="draw-ahead")
+                        if self.draws_ahead() else None)
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
         self.log = MetricsLog(self.run_dir, make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb))
         self.health = Health(self.agent.value_keys, gamma=cfg.gamma,
@@ -289,6 +293,38 @@ class Trainer:
             save_learning_curve(self.log, self.run_dir / "learning_curve.png", title)
 
     # ------------------------------------------------------------------ learning
+    def draws_ahead(self) -> bool:
+        """Whether :meth:`planned_batches` draws the next batch during the update in hand (``replay.prefetch``): not
+        when a draw runs the network (``replay.recurrent_state=refresh`` of a recurrent agent: the next batch's start
+        states come from the weights the update in hand is changing), nor from a replay other than this run's own
+        :class:`EpisodeReplay` (a sweep's shared replay: its draws are calls to the replay's server)."""
+        refreshes = self.agent.recurrent and self.cfg.replay.recurrent_state == "refresh"
+        return self.cfg.replay.prefetch and not refreshes and isinstance(self.replay, EpisodeReplay)
+
+    def planned_batches(self, shares: list[float]) -> Iterator[TensorDictBase]:
+        """The batches of an update plan (:meth:`draw_batch` for each share; none while the replay is too small).
+
+        With :meth:`draws_ahead`, the next batch is drawn on the ``draw-ahead`` thread while the caller updates with
+        the one in hand. The draws are the same: one thread takes them in the plan's order (the replay's generator
+        is consumed as without it), between the store of the collected batch and the end of the plan, when nothing
+        writes what a draw reads (an update changes the network and the optimiser; V-RACER's ``after_update``
+        writes its estimates beside the replay, read by ``before_update`` on this thread). Close the iterator
+        (``contextlib.closing``): a draw still running is waited for, so that none outlives the plan's step."""
+        if self._drawer is None:
+            yield from (sample for sample in map(self.draw_batch, shares) if sample is not None)
+            return
+        ahead: concurrent.futures.Future | None = None
+        try:
+            for share in shares:
+                drawing, ahead = ahead, self._drawer.submit(self.draw_batch, share)
+                if drawing is not None and (sample := drawing.result()) is not None:
+                    yield sample
+            if ahead is not None and (sample := ahead.result()) is not None:
+                yield sample
+        finally:
+            if ahead is not None:
+                concurrent.futures.wait([ahead])
+
     def draw_batch(self, online_share: float) -> TensorDictBase | None:
         """A batch holding ``online_share`` of the freshest collected windows, the rest from replay."""
         cfg = self.cfg.replay
@@ -461,6 +497,8 @@ class Trainer:
         if self.evaluator is not None:
             self.evaluator.close()
             self.evaluator = None
+        if self._drawer is not None:
+            self._drawer.shutdown()  # idle: step() waits for every draw it asked for
         self._run_lock.close()
 
     def make_evaluator(self) -> BackgroundEvaluator | InlineEvaluator:
@@ -621,12 +659,10 @@ class Trainer:
         done = batch.get(("next", "done"))
         returns += batch.get(("next", "episode_reward"))[done].tolist()
         c.episodes += int(done.sum())
-        for share in self.loss.update_plan(self.rng):
-            sample = self.draw_batch(share)
-            if sample is None:
-                continue
-            for key, value in self.update(sample).items():
-                window.setdefault(key, []).append(value)
+        with contextlib.closing(self.planned_batches(self.loss.update_plan(self.rng))) as samples:
+            for sample in samples:
+                for key, value in self.update(sample).items():
+                    window.setdefault(key, []).append(value)
         self.sync_acting_policy()
         self._collector.update_policy_weights_()
         self._read_clock()

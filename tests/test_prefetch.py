@@ -1,0 +1,126 @@
+"""``replay.prefetch``: an update plan's next batch drawn on the ``draw-ahead`` thread while the update in hand runs
+(:meth:`acer_torchrl.trainer.Trainer.planned_batches`). The same draws as without it, in the same order, the
+replay's generator in the same state after every collected batch (where a checkpoint can be taken), and no thread
+left running when an update or a draw fails."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from acer_torchrl.config import load_config
+from acer_torchrl.replay import EpisodeReplay
+from acer_torchrl.trainer import Trainer
+
+TINY = ["collector.workers=0", "collector.frames_per_batch=48", "replay.min_size=96", "replay.batch_size=8",
+        "network.hidden=16", "eval.background=false", "eval.episodes=1", "eval.max_steps=20", "eval.interval=100000",
+        "log.checkpoint_interval=100000", "log.progress=false", "threads=1"]
+
+
+def tiny_trainer(tmp_path, algo: str, prefetch: bool, *overrides: str) -> Trainer:
+    return Trainer(load_config(algo, [*TINY, f"replay.prefetch={prefetch}", f"run_dir={tmp_path / str(prefetch)}",
+                                      *overrides]))
+
+
+def draw_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("draw-ahead")]
+
+
+def trace(trainer: Trainer, batches: int) -> tuple[list, list, list[str]]:
+    """The slots of every update's batch, the replay generator's state after each collected batch, and the threads
+    that drew; ``batches`` collected batches stepped through, the trainer closed."""
+    slots, states, drawn_on = [], [], []
+    draw, update = trainer.draw_batch, trainer.update
+
+    def recorded_draw(share):
+        drawn_on.append(threading.current_thread().name)
+        return draw(share)
+
+    def recorded_update(sample):
+        slots.append(sample.get("slot").clone() if "slot" in sample.keys() else None)
+        return update(sample)
+
+    trainer.draw_batch, trainer.update = recorded_draw, recorded_update
+    try:
+        collected = trainer.start()
+        for _ in range(batches):
+            trainer.step(next(collected))
+            states.append(trainer.replay.generator.get_state())
+    finally:
+        trainer.close()
+    return slots, states, drawn_on
+
+
+@pytest.mark.parametrize("algo, preset", [("acer", "cartpole"), ("laser", "cartpole"), ("reactor", "cartpole"),
+                                          ("vracer", "pendulum")])
+def test_prefetch_draws_the_same_batches_in_the_same_order(tmp_path, algo, preset):
+    """ACER's on-policy batch and replayed ones, LASER's online windows mixed in, Reactor's sequences, V-RACER's
+    single steps with the estimates its updates write back: the same batches, the same generator state after each
+    collected batch, the same trained weights; with prefetch the draws ran on the draw-ahead thread."""
+    runs = {}
+    for prefetch in (False, True):
+        trainer = tiny_trainer(tmp_path, algo, prefetch, f"preset={preset}")
+        runs[prefetch] = (*trace(trainer, batches=6), trainer.loss.state_dict())
+    (slots, states, threads, weights), (slots_ahead, states_ahead, threads_ahead, weights_ahead) = runs.values()
+    assert len(slots) >= 5 and len(slots_ahead) == len(slots)
+    for before, after in zip(slots, slots_ahead):
+        assert (before is None and after is None) or torch.equal(before, after)
+    assert all(torch.equal(a, b) for a, b in zip(states, states_ahead))
+    assert all(torch.equal(weights[k], weights_ahead[k]) for k in weights)
+    assert set(threads) == {"MainThread"} and any(name.startswith("draw-ahead") for name in threads_ahead)
+    assert not draw_threads()
+
+
+def test_prefetch_is_off_where_a_draw_runs_the_network(tmp_path):
+    """LASER's LSTM preset refreshes each sequence's start state with the network an update is changing: its draws
+    stay on the main thread."""
+    trainer = tiny_trainer(tmp_path, "laser", True, "preset=cartpole_pomdp")
+    try:
+        assert trainer.cfg.replay.recurrent_state == "refresh" and not trainer.draws_ahead()
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("failing", ["update", "draw"])
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_failed_update_or_draw_ends_the_step_with_its_error_and_no_draw_running(tmp_path, monkeypatch, failing,
+                                                                                  error):
+    """An update that fails (or a Ctrl-C in it, as in a library's loop without stop signals) while the next batch
+    is being drawn (a slow draw here), or a draw that fails on the draw-ahead thread: the step raises that error in
+    the main thread once the draw in flight ended (nothing then touches the replay: a checkpoint may follow), and
+    closing the trainer leaves no draw-ahead thread."""
+    calls, draws = [], {"begun": 0, "ended": 0}
+
+    def fails_second_time(original):
+        def call(*args):
+            calls.append(threading.current_thread().name)
+            if len(calls) == 2:
+                raise error("planted")
+            return original(*args)
+        return call
+
+    def slow_draw(self, *args, **kwargs):
+        draws["begun"] += 1
+        time.sleep(0.2)
+        try:
+            return sample_sequences(self, *args, **kwargs)
+        finally:
+            draws["ended"] += 1
+
+    sample_sequences = EpisodeReplay.sample_sequences
+    monkeypatch.setattr(EpisodeReplay, "sample_sequences",
+                        fails_second_time(sample_sequences) if failing == "draw" else slow_draw)
+    trainer = tiny_trainer(tmp_path, "acer", True, "preset=cartpole", "acer.replay_ratio=8")
+    if failing == "update":
+        trainer.update = fails_second_time(trainer.update)
+    try:
+        collected = trainer.start()
+        with pytest.raises(error, match="planted"):
+            for _ in range(20):
+                trainer.step(next(collected))
+        assert draws["begun"] == draws["ended"]
+    finally:
+        trainer.close()
+    assert calls[1].startswith("draw-ahead" if failing == "draw" else "MainThread")
+    assert not draw_threads()
