@@ -124,6 +124,10 @@ class Config:
     # a run directory to continue from its latest checkpoint; a changed setting is applied from there on if config.py's
     # APPLIED_ON_RESUME lists it (total_frames, optim.*, eval.*, log.*, ...), else refused (env, loss, network, seed...)
     resume: str | None = None
+    # a weights file (cut from a run's checkpoint by benchmarks/gpu/cut_weights.py) a new run starts from: its networks,
+    # its counters (env steps, updates: the curve continues), the optimiser's state when the file keeps it; the replay
+    # starts empty
+    init_from: str | None = None
     overwrite: bool = False  # run_dir= may hold a finished run (summary.json, checkpoint): replace its files
     env: EnvConfig = field(default_factory=EnvConfig)
     collector: CollectorConfig = field(default_factory=CollectorConfig)

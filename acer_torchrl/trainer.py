@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from acer_torchrl._torchrl_compat import foreach_mul_, foreach_norm
 from acer_torchrl.agent import Agent
-from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, load_weights, save_checkpoint
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
 from acer_torchrl.commands import shell_command
 from acer_torchrl.config import Config, ConfigError, dump_yaml, resume_changes
@@ -142,6 +142,8 @@ class Trainer:
         try:
             if cfg.resume:
                 self._resume()
+            elif cfg.init_from:
+                self._start_from_weights(Path(cfg.init_from))
             self.check_an_update_comes()
         except BaseException:  # refused: the directory is free again at once (not when this object is collected)
             self._run_lock.close()
@@ -170,25 +172,11 @@ class Trainer:
 
     def _resume(self) -> None:
         state, counters = load_checkpoint(self.run_dir, self.replay)
-        try:
-            keys = self.loss.load_state_dict(state["loss"], strict=False)
-            if keys.missing_keys or keys.unexpected_keys:
-                raise RuntimeError(f"missing {_listed(keys.missing_keys)}, unexpected {_listed(keys.unexpected_keys)}")
-            self.optimizer.load_state_dict(state["optimizer"])
-            if self.agent.estimates is not None:
-                self.agent.estimates.load_state_dict(state["estimates"])
-        except (RuntimeError, KeyError, ValueError) as err:
-            raise CheckpointError(
-                f"checkpoint in {self.run_dir} does not match this configuration ({type(err).__name__}: "
-                f"{str(err).splitlines()[0]})"
-            ) from None
+        self.load_learner(state, f"checkpoint in {self.run_dir}", estimates=True)
         torch.set_rng_state(state["torch_rng"])
         cuda_rng = state.get("cuda_rng", [])
         if cuda_rng and torch.cuda.is_available():  # a GPU run resumed on CPU leaves them; more GPUs: the first ones
             torch.cuda.set_rng_state_all(cuda_rng[: torch.cuda.device_count()])
-        for updater, count in zip(self.agent.updaters, state.get("updater_counters", [])):
-            if hasattr(updater, "counter"):
-                updater.counter = count
         self.counters = Counters(**counters)
         self._saved_steps = self.counters.env_steps
         self.counters.restarts += 1
@@ -199,9 +187,49 @@ class Trainer:
         self.sync_acting_policy()
         self.apply_resumed_settings()
 
+    def load_learner(self, state: dict, source: str, estimates: bool) -> None:
+        """The loss's state, the optimiser's (when ``state`` keeps it), with ``estimates`` the agent's stored estimates
+        (V-RACER's), and the target networks' copy counters, from ``state``; a one-line :class:`CheckpointError` naming
+        ``source`` when they do not fit this configuration (another network, another algorithm)."""
+        try:
+            keys = self.loss.load_state_dict(state["loss"], strict=False)
+            if keys.missing_keys or keys.unexpected_keys:
+                raise RuntimeError(f"missing {_listed(keys.missing_keys)}, unexpected {_listed(keys.unexpected_keys)}")
+            if "optimizer" in state:
+                self.optimizer.load_state_dict(state["optimizer"])
+            if estimates and self.agent.estimates is not None:
+                self.agent.estimates.load_state_dict(state["estimates"])
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(
+                f"{source} does not match this configuration ({type(err).__name__}: {str(err).splitlines()[0]})"
+            ) from None
+        for updater, count in zip(self.agent.updaters, state.get("updater_counters", [])):
+            if hasattr(updater, "counter"):
+                updater.counter = count
+
+    def _start_from_weights(self, path: Path) -> None:
+        """A new run from ``init_from``'s weights (:func:`~acer_torchrl.checkpoint.cut_weights`): the networks, the
+        optimiser's state when the file keeps it (else Adam starts afresh), and the counters of the run they were cut
+        from (env steps, updates, episodes, clocks: this run's curve continues that run's, one restart on), its own
+        seed's RNG and schedules; the replay is empty and refills (``replay.min_size`` steps before the replayed
+        updates). A file of another algorithm or env, or of another network, is one line."""
+        cfg = self.cfg
+        weights = load_weights(path)
+        if (weights["algorithm"], weights["env"]) != (cfg.loss, cfg.env.name):
+            raise CheckpointError(f"init_from={path} holds {weights['algorithm']} weights for {weights['env']}, not "
+                                  f"{cfg.loss} on {cfg.env.name}")
+        self.load_learner(weights, f"init_from={path}", estimates=False)
+        self.counters = Counters(**weights["counters"])
+        self.counters.restarts += 1
+        if cfg.total_frames <= self.counters.env_steps:
+            raise ConfigError(f"init_from={path} is at {self.counters.env_steps} env steps: give total_frames > "
+                              f"{self.counters.env_steps} (the run's end, counted from the start of the first run)")
+        self.sync_acting_policy()
+        self.apply_resumed_settings()
+
     def apply_resumed_settings(self) -> None:
         """Set this config's applied settings (:data:`~acer_torchrl.config.APPLIED_ON_RESUME`) on what the checkpoint
-        restored with the saved run's values: the optimiser's hyper-parameters (its state dict holds the old ones)
+        (or ``init_from``'s weights) restored with the saved run's values: the optimiser's hyper-parameters (its state dict holds the old ones)
         and the evaluation and checkpoint schedules (the next multiple of each interval). The others are read from
         ``self.cfg`` at each use, or by the objects built from it in :meth:`__init__` and :meth:`start`."""
         for group in self.optimizer.param_groups:
@@ -225,10 +253,13 @@ class Trainer:
         # not read from the replay: a sweep agent's shared replay is not served yet while its trainer is built
         needed = self.loss.stored_steps_before_first_update(cfg.replay.min_size)
         batch = cfg.collector.frames_per_batch
-        if c.updates == 0 and c.env_steps + math.ceil(remaining / batch) * batch < needed:
+        from_weights = bool(cfg.init_from) and not cfg.resume  # updates taken, but an empty replay to refill
+        stored = 0 if from_weights else c.env_steps
+        if (c.updates == 0 or from_weights) and stored + math.ceil(remaining / batch) * batch < needed:
             raise ConfigError(
                 f"total_frames={cfg.total_frames} ends before the first update: loss={cfg.loss} takes it once {needed} "
-                f"steps are collected (replay.min_size={cfg.replay.min_size}); give total_frames >= {needed}"
+                f"steps are collected (replay.min_size={cfg.replay.min_size}); give total_frames >= "
+                f"{c.env_steps - stored + needed}"
             )
 
     def record_config(self) -> None:

@@ -320,14 +320,19 @@ def update_cost(argv: list[str]) -> None:
 
 
 def timed_updates(trainer: Trainer, updates: int) -> float:
-    """Wall seconds of ``updates`` full updates (draw and update) of ``trainer`` after 10 warm-up ones."""
+    """Wall seconds of ``updates`` full updates (draw and update) of ``trainer`` after 10 warm-up ones, drawn as its
+    loop draws them (``Trainer.planned_batches``: with ``replay.prefetch=true``, during the update before)."""
     shares = [s for _ in range(updates) for s in trainer.loss.update_plan(trainer.rng)][:updates]
     shares += [0.0] * (updates - len(shares))
-    for share in shares[:10]:
-        trainer.update(trainer.draw_batch(share))
+
+    def take(plan: list[float]) -> None:
+        with contextlib.closing(trainer.planned_batches(plan)) as samples:
+            for sample in samples:
+                trainer.update(sample)
+
+    take(shares[:10])
     start = time.perf_counter()
-    for share in shares:
-        trainer.update(trainer.draw_batch(share))
+    take(shares)
     return time.perf_counter() - start
 
 
