@@ -346,12 +346,12 @@ class Trainer:
             return
         ahead: concurrent.futures.Future | None = None
         try:
-            for share in shares:
-                drawing, ahead = ahead, self._drawer.submit(self.draw_batch, share)
-                if drawing is not None and (sample := drawing.result()) is not None:
+            for share in [*shares, None]:
+                sample = ahead.result() if ahead is not None else None
+                # one draw in flight at most: the next starts once the one before is in hand
+                ahead = self._drawer.submit(self.draw_batch, share) if share is not None else None
+                if sample is not None:
                     yield sample
-            if ahead is not None and (sample := ahead.result()) is not None:
-                yield sample
         finally:
             if ahead is not None:
                 concurrent.futures.wait([ahead])

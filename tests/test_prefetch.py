@@ -90,7 +90,7 @@ def test_a_failed_update_or_draw_ends_the_step_with_its_error_and_no_draw_runnin
     is being drawn (a slow draw here), or a draw that fails on the draw-ahead thread: the step raises that error in
     the main thread once the draw in flight ended (nothing then touches the replay: a checkpoint may follow), and
     closing the trainer leaves no draw-ahead thread."""
-    calls, draws = [], {"begun": 0, "ended": 0}
+    calls, draws = [], []  # the calls of what fails; each slow draw's (start, end)
 
     def fails_second_time(original):
         def call(*args):
@@ -101,12 +101,12 @@ def test_a_failed_update_or_draw_ends_the_step_with_its_error_and_no_draw_runnin
         return call
 
     def slow_draw(self, *args, **kwargs):
-        draws["begun"] += 1
+        start = time.perf_counter()
         time.sleep(0.2)
         try:
             return sample_sequences(self, *args, **kwargs)
         finally:
-            draws["ended"] += 1
+            draws.append((start, time.perf_counter()))
 
     sample_sequences = EpisodeReplay.sample_sequences
     monkeypatch.setattr(EpisodeReplay, "sample_sequences",
@@ -119,7 +119,9 @@ def test_a_failed_update_or_draw_ends_the_step_with_its_error_and_no_draw_runnin
         with pytest.raises(error, match="planted"):
             for _ in range(20):
                 trainer.step(next(collected))
-        assert draws["begun"] == draws["ended"]
+        raised = time.perf_counter()
+        time.sleep(0.5)  # a draw the step left behind would start or end by now
+        assert all(end < raised for _, end in draws)
     finally:
         trainer.close()
     assert calls[1].startswith("draw-ahead" if failing == "draw" else "MainThread")
