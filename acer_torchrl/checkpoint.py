@@ -280,7 +280,8 @@ def cut_weights(run_dir: Path, out: Path, max_bytes: int = WEIGHTS_MAX_BYTES) ->
     tmp = out.with_name(out.name + ".tmp")
     torch.save(weights, tmp)
     tmp.replace(out)
-    return {"bytes": out.stat().st_size, "optimizer": "optimizer" in weights, **{k: counters[k] for k in ("env_steps", "updates")}}
+    return {"bytes": out.stat().st_size, "optimizer": "optimizer" in weights,
+            "env_steps": counters["env_steps"], "updates": counters["updates"]}
 
 
 def load_weights(path: Path) -> dict:
@@ -294,7 +295,7 @@ def load_weights(path: Path) -> dict:
         message = str(err).splitlines()[0] if str(err) else ""
         reason = os_reason(err) if isinstance(err, OSError) else f"{type(err).__name__}: {message}"
         raise CheckpointError(f"init_from={path} cannot be read ({reason})") from None
-    missing = [key for key in ("algorithm", "env", "loss", "counters") if not isinstance(weights, dict) or key not in weights]
+    missing = [k for k in ("algorithm", "env", "loss", "counters") if not isinstance(weights, dict) or k not in weights]
     if missing:
         raise CheckpointError(f"init_from={path} is not a weights file (no {missing[0]}); cut one from a run directory "
                               "with benchmarks/gpu/cut_weights.py")

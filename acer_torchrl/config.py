@@ -196,6 +196,8 @@ class Config:
         here, the algorithm's in its section's own ``unused_keys(cfg)`` (like ``validate``, per algorithm)."""
         unused = {} if self.network.lstm else dict.fromkeys(
             ("network.lstm_hidden", "replay.recurrent_state"), "network.lstm=false")
+        if self.network.lstm and self.replay.recurrent_state == "refresh":  # draws run the network: Trainer.draws_ahead
+            unused["replay.prefetch"] = "replay.recurrent_state=refresh"
         algorithm_unused = getattr(self.algo, "unused_keys", None)
         return {**unused, **(algorithm_unused(self) if algorithm_unused else {})}
 

@@ -229,7 +229,8 @@ class Trainer:
 
     def apply_resumed_settings(self) -> None:
         """Set this config's applied settings (:data:`~acer_torchrl.config.APPLIED_ON_RESUME`) on what the checkpoint
-        (or ``init_from``'s weights) restored with the saved run's values: the optimiser's hyper-parameters (its state dict holds the old ones)
+        (or ``init_from``'s weights) restored with the saved run's values: the optimiser's hyper-parameters (its state
+        dict holds the old ones)
         and the evaluation and checkpoint schedules (the next multiple of each interval). The others are read from
         ``self.cfg`` at each use, or by the objects built from it in :meth:`__init__` and :meth:`start`."""
         for group in self.optimizer.param_groups:
@@ -336,25 +337,29 @@ class Trainer:
         """The batches of an update plan (:meth:`draw_batch` for each share; none while the replay is too small).
 
         With :meth:`draws_ahead`, the next batch is drawn on the ``draw-ahead`` thread while the caller updates with
-        the one in hand. The draws are the same: one thread takes them in the plan's order (the replay's generator
-        is consumed as without it), between the store of the collected batch and the end of the plan, when nothing
+        the one in hand. The draws are the same: one at a time, in the plan's order (the replay's generator is
+        consumed as without it), between the store of the collected batch and the end of the plan, when nothing
         writes what a draw reads (an update changes the network and the optimiser; V-RACER's ``after_update``
         writes its estimates beside the replay, read by ``before_update`` on this thread). Close the iterator
         (``contextlib.closing``): a draw still running is waited for, so that none outlives the plan's step."""
         if self._drawer is None:
             yield from (sample for sample in map(self.draw_batch, shares) if sample is not None)
             return
-        ahead: concurrent.futures.Future | None = None
+        pending: tuple[concurrent.futures.Future, float] | None = None  # the draw asked of the thread, its share
         try:
             for share in [*shares, None]:
-                sample = ahead.result() if ahead is not None else None
-                # one draw in flight at most: the next starts once the one before is in hand
-                ahead = self._drawer.submit(self.draw_batch, share) if share is not None else None
+                sample = self._drawn(*pending) if pending is not None else None
+                pending = (self._drawer.submit(self.draw_batch, share), share) if share is not None else None
                 if sample is not None:
                     yield sample
         finally:
-            if ahead is not None:
-                concurrent.futures.wait([ahead])
+            if pending is not None and not pending[0].cancel():
+                concurrent.futures.wait([pending[0]])
+
+    def _drawn(self, draw: concurrent.futures.Future, share: float) -> TensorDictBase | None:
+        """The batch of a draw asked of the ``draw-ahead`` thread: its result (waiting for its end), or drawn on this
+        thread when that one has not begun it (no core was free for it during the update)."""
+        return self.draw_batch(share) if draw.cancel() else draw.result()
 
     def draw_batch(self, online_share: float) -> TensorDictBase | None:
         """A batch holding ``online_share`` of the freshest collected windows, the rest from replay."""

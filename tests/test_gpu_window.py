@@ -40,7 +40,8 @@ def test_a_dry_window_runs_each_part_and_the_next_one_continues_its_run(tmp_path
     assert "-- gpu tests: " in first and "overhead (neither update nor wait)" in first
     assert "-- pong (from scratch)" in first
     piece = tmp_path / "first" / "pong-acer"
-    assert (piece / "pong-acer.png").is_file() and len((tmp_path / "first" / "pipeline-costs.jsonl").read_text().splitlines()) == 1
+    assert (piece / "pong-acer.png").is_file()
+    assert len((tmp_path / "first" / "pipeline-costs.jsonl").read_text().splitlines()) == 1
     for name in ("weights.pt", "pong-acer-metrics.csv"):  # what a session commits after its window
         shutil.copy(piece / name, pong_dir / name)
     before = rows(pong_dir / "pong-acer-metrics.csv")

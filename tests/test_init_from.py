@@ -66,8 +66,9 @@ def test_a_run_from_weights_plays_the_saved_policy_and_continues_the_counters(tm
     (["loss=laser"], CheckpointError, "holds acer weights for CartPole-v1, not laser on CartPole-v1"),
     (["network.hidden=32"], CheckpointError, "does not match this configuration ("),
     (["total_frames=384"], ConfigError, "is at 384 env steps: give total_frames > 384"),
-    (["total_frames=400", "acer.on_policy=false"], ConfigError, "ends before the first update: loss=acer takes it once 96 steps are "
-                                        "collected (replay.min_size=96); give total_frames >= 480"),
+    (["total_frames=400", "acer.on_policy=false"], ConfigError,
+     "ends before the first update: loss=acer takes it once 96 steps are collected (replay.min_size=96); give "
+     "total_frames >= 480"),
 ])
 def test_weights_that_do_not_fit_the_run_are_one_line(tmp_path, saved, overrides, error, message):
     """Another algorithm, another network, a run already as long as the weights' or too short to refill the replay
