@@ -3,8 +3,15 @@
 replay's generator in the same state after every collected batch (where a checkpoint can be taken), and no thread
 left running when an update or a draw fails."""
 
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +19,9 @@ import torch
 from acer_torchrl.config import load_config
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.trainer import Trainer
+from process_group import captured, signal_group, spawned_children, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = ["collector.workers=0", "collector.frames_per_batch=48", "replay.min_size=96", "replay.batch_size=8",
         "network.hidden=16", "eval.background=false", "eval.episodes=1", "eval.max_steps=20", "eval.interval=100000",
@@ -126,3 +136,29 @@ def test_a_failed_update_or_draw_ends_the_step_with_its_error_and_no_draw_runnin
         trainer.close()
     assert calls[1] == "MainThread" or failing == "draw"  # a draw not yet begun on the thread is taken on this one
     assert not draw_threads()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("stop", ["SIGTERM", "worker SIGKILL"])
+def test_a_prefetching_run_stops_on_sigterm_or_a_dead_worker_with_one_line(tmp_path, stop):
+    """A recipe run with ``replay.prefetch=true`` and 8 replayed updates a batch (a draw in flight most of the
+    time): SIGTERM to its process group, or SIGKILL to a collector worker, ends it as without the thread: one line,
+    exit code 143 / 3, a checkpoint, within seconds (no draw-ahead thread keeps the process alive)."""
+    run_dir = tmp_path / "run"
+    args = [sys.executable, str(ROOT / "recipes" / "acer.py"), f"run_dir={run_dir}", "total_frames=100000",
+            "replay.prefetch=true", "acer.replay_ratio=8", "collector.workers=1", "log.checkpoint_interval=96",
+            "eval.background=false", "eval.interval=100000", "eval.max_steps=20", "collector.frames_per_batch=48",
+            "replay.min_size=96", "replay.batch_size=8", "network.hidden=16", "log.progress=false"]
+    proc = subprocess.Popen(args, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for((run_dir / "checkpoint" / "counters.json").exists, proc, 120)  # learning, a periodic checkpoint taken
+    if stop == "SIGTERM":
+        code, output, seconds = signal_group(proc, signal.SIGTERM)
+    else:
+        start = time.monotonic()
+        os.kill(spawned_children(proc.pid)[0], signal.SIGKILL)
+        code, output, seconds = proc.wait(timeout=60), captured(proc), time.monotonic() - start
+    steps = json.loads((run_dir / "checkpoint" / "counters.json").read_text())["env_steps"]
+    assert code == (143 if stop == "SIGTERM" else 3) and "Traceback" not in output, output
+    assert re.search(rf"(interrupted|stopped) at {steps} env steps; continue with: ", output.strip().splitlines()[-1])
+    assert seconds < 30
