@@ -11,6 +11,7 @@ from torchrl.envs.transforms import Transform
 
 from acer_torchrl.modules import Torso
 from acer_torchrl.objectives.common import ReplayLoss
+from acer_torchrl.objectives.names import PRIORITY_KEY, PRIORITY_WEIGHT_KEY
 
 
 @dataclass
@@ -45,7 +46,10 @@ class Agent:
         return sample if self.estimates is None else self.estimates.before_update(sample, replay)
 
     def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay) -> None:
-        """After each optimiser step, with the batch and the loss's output it used (write-backs, controllers)."""
+        """After each optimiser step, with the batch and the loss's output it used (write-backs, controllers); a
+        prioritized replay's batch gives its windows their new priorities (the loss's ``"priority"``)."""
+        if PRIORITY_WEIGHT_KEY in sample.keys():
+            replay.update_priorities(sample, output.get(PRIORITY_KEY))
         if self.estimates is not None:
             self.estimates.after_update(sample, output, replay)
 

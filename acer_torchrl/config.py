@@ -40,7 +40,7 @@ class CollectorConfig:
 
 
 @allowed(capacity="[1, 1e9]", batch_size="[1, 1e6]", seq_len="[1, 1e4]", min_size="[0, inf)",
-         recurrent_state=("refresh", "stored", "zero"))
+         recurrent_state=("refresh", "stored", "zero"), priority_uniform="[0, 1]", priority_block="[1, 1e6]")
 @dataclass
 class ReplayConfig:
     capacity: int = 50_000  # env steps held (whole episodes evicted oldest first)
@@ -49,7 +49,13 @@ class ReplayConfig:
     min_size: int = 1_000  # replay updates start once this many steps are stored
     memmap: bool = False  # memory-mapped storage under <run_dir>/replay_storage (large Atari buffers)
     recurrent_state: str = "refresh"  # refresh | stored | zero: LSTM state at a sampled sequence's start
-    # draw an update's batch on a thread while the update before it runs (the same draws; not with refresh)
+    # prioritized sequence replay (Reactor sec. 3.3): a window's priority is its mean |TD error| once trained on,
+    # estimated from its neighbours' before; draws weighted by importance weights in every loss term
+    prioritized: bool = False
+    priority_uniform: float = 0.1  # share epsilon of uniform draws among the prioritized ones
+    priority_block: int = 32  # consecutive steps forming a neighbourhood (lazy priorities, O(block) per draw)
+    # draw an update's batch on a thread while the update before it runs (the same draws; not with refresh or
+    # prioritized: those draws read what the update before changes)
     prefetch: bool = False
 
 
@@ -196,6 +202,11 @@ class Config:
         here, the algorithm's in its section's own ``unused_keys(cfg)`` (like ``validate``, per algorithm)."""
         unused = {} if self.network.lstm else dict.fromkeys(
             ("network.lstm_hidden", "replay.recurrent_state"), "network.lstm=false")
+        if not self.replay.prioritized:
+            priority_keys = ("replay.priority_uniform", "replay.priority_block")
+            unused.update(dict.fromkeys(priority_keys, "replay.prioritized=false"))
+        else:  # each draw reads the priorities the update before wrote (Trainer.draws_ahead)
+            unused["replay.prefetch"] = "replay.prioritized=true"
         if self.network.lstm and self.replay.recurrent_state == "refresh":  # draws run the network: Trainer.draws_ahead
             unused["replay.prefetch"] = "replay.recurrent_state=refresh"
         algorithm_unused = getattr(self.algo, "unused_keys", None)

@@ -43,7 +43,8 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Storage, TensorDi
 from acer_torchrl._torchrl_compat import set_write_position, stored_tensordict
 from acer_torchrl.checkpoint import read_tensor, write_tensor
 from acer_torchrl.frame_store import FrameStore, frame_capacity
-from acer_torchrl.objectives.names import MASK_KEY, SLOT_KEY, WRITE_KEY
+from acer_torchrl.objectives.names import MASK_KEY, PRIORITY_WEIGHT_KEY, SLOT_KEY, WRITE_KEY
+from acer_torchrl.priority_tree import SequencePriorities
 from acer_torchrl.validation import ConfigError
 
 TRAJ_KEY = ("collector", "traj_ids")
@@ -168,6 +169,10 @@ class EpisodeReplay:
         seed: sampling seed.
         frame_stack: ``k > 1`` when ``"observation"`` is a stack of the last ``k`` frames (Atari): its frames
             are stored once each (:class:`~acer_torchrl.frame_store.FrameStore`).
+        priorities: prioritized sequence replay (Reactor sec. 3.3): sequences start where these priorities
+            draw them (:class:`~acer_torchrl.priority_tree.SequencePriorities`), each batch with its importance
+            weights and the writes it was drawn from (:meth:`update_priorities` gives the trained windows their
+            priorities); None: uniform starts.
     """
 
     def __init__(
@@ -177,8 +182,10 @@ class EpisodeReplay:
         scratch_dir: str | Path | None = None,
         seed: int = 0,
         frame_stack: int = 1,
+        priorities: SequencePriorities | None = None,
     ):
         self.capacity = capacity
+        self.priorities = priorities
         self.in_memory = scratch_dir is None
         check_memory(capacity, capacity * LINK_BYTES, "its episode links")
 
@@ -238,6 +245,7 @@ class EpisodeReplay:
         # slots the round-robin writer will use: evict the episodes living there first
         start = self.steps_written % self.capacity
         slots = (start + torch.arange(flat.numel())) % self.capacity
+        alive_before = self.alive.clone() if self.priorities is not None else None
         self._evict(slots)
         if self.successor_keys is None:
             stored = set(flat.keys(True)) - set(stacked)
@@ -292,6 +300,9 @@ class EpisodeReplay:
         if self.frames is not None:
             self._store_frames(flat, slots, starts, continues)
         self._alive_slots = None
+        if alive_before is not None:  # written and evicted windows lose their priority
+            evicted = (alive_before & ~self.alive).nonzero().squeeze(-1)
+            self.priorities.forget(torch.cat([slots, evicted]), self.alive)
         return slots
 
     def _check_first_batch(self, flat: TensorDictBase, stacked: tuple) -> None:
@@ -341,11 +352,31 @@ class EpisodeReplay:
             self._alive_slots = self.alive.nonzero().squeeze(-1)
         return self._alive_slots
 
-    def _sample_starts(self, n: int) -> torch.Tensor:
+    def _stored_slots(self) -> torch.Tensor:
+        """:meth:`alive_slots`, refused when there are none."""
         alive = self.alive_slots()
         if alive.numel() == 0:
             raise RuntimeError("cannot sample from an empty replay")
+        return alive
+
+    def _sample_starts(self, n: int) -> torch.Tensor:
+        alive = self._stored_slots()
         return alive[torch.randint(alive.numel(), (n,), generator=self.generator)]
+
+    def _sample_prioritized(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` window starts drawn by the priorities and their importance weights."""
+        alive = self._stored_slots()
+        starts = self.priorities.sample(n, alive, self.alive, self.generator)
+        return starts, self.priorities.importance_weights(starts, self.alive, alive.numel())
+
+    def update_priorities(self, sample: TensorDictBase, priority: torch.Tensor) -> None:
+        """Give the windows of a prioritized ``sample`` (``[B, T]``, as :meth:`sample_sequences` drew it) their new
+        priorities (``[B]``, the loss's mean absolute TD error): only windows still stored as they were drawn (rows
+        of online data, and windows written over or evicted since, are left out)."""
+        write = sample.get(WRITE_KEY)[:, 0].cpu()
+        slot = write % self.capacity
+        kept = (write >= 0) & (write_index(slot, self.steps_written, self.capacity) == write) & self.alive[slot]
+        self.priorities.assign(slot[kept], priority.detach().cpu()[kept], self.alive)
 
     def follow(self, starts: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots of ``length`` consecutive steps from ``starts`` within their episodes, and their mask.
@@ -421,11 +452,19 @@ class EpisodeReplay:
     def sample_sequences(
         self, batch_size: int, seq_len: int, keys: list[NestedKey] | None = None, device: torch.device | None = None
     ) -> TensorDictBase:
-        """``[batch_size, seq_len]`` sequences starting at uniformly drawn stored steps; only ``keys`` when
-        given; on ``device`` when given."""
-        idx, mask = self.follow(self._sample_starts(batch_size), seq_len)
+        """``[batch_size, seq_len]`` sequences starting at uniformly drawn stored steps (prioritized: drawn by the
+        priorities, with each window's importance weight under ``"priority_weight"`` and each step's write under
+        ``"write_index"``); only ``keys`` when given; on ``device`` when given."""
+        if self.priorities is None:
+            starts, weight = self._sample_starts(batch_size), None
+        else:
+            starts, weight = self._sample_prioritized(batch_size)
+        idx, mask = self.follow(starts, seq_len)
         data = self.gather(idx, keys, device)
         data.set(MASK_KEY, mask)
+        if weight is not None:
+            data.set(PRIORITY_WEIGHT_KEY, weight.unsqueeze(-1).expand(idx.shape).to(data.device))
+            data.set(WRITE_KEY, write_index(idx, self.steps_written, self.capacity).to(data.device))
         return data
 
     def sample_steps(self, batch_size: int, keys: list[NestedKey] | None = None) -> TensorDictBase:
@@ -526,6 +565,8 @@ class EpisodeReplay:
             checksums |= save_rows(self.buffer.storage, min(self.steps_written, self.capacity), path / "steps")
         links = {name: getattr(self, name) for name in _LINKS}
         links["generator"] = self.generator.get_state()
+        if self.priorities is not None:
+            links.update(self.priorities.state())
         if self.frames is not None:
             links.update(self.frames.state())
             if self.frames.filled():
@@ -576,6 +617,8 @@ class EpisodeReplay:
             load_rows(self.episode_ends, path / "episode_ends")
         self._open.clear()
         self._alive_slots = None
+        if self.priorities is not None:  # a prioritized run resumes a prioritized replay (replay.* are run-defining)
+            self.priorities.load_state(links, self.alive)
 
 
 def _column_file(prefix: Path, key: tuple[str, ...]) -> Path:
@@ -646,6 +689,15 @@ def refresh_from_prefix(
     for key in hidden_keys:
         state = out.get(("next", key))[:, -1]
         sample.get(key)[:, 0] = torch.where((k > 0).view(-1, *[1] * (state.ndim - 1)), state, zero)
+
+
+def unprioritized(windows: TensorDictBase) -> TensorDictBase:
+    """``windows`` (fresh ones, mixed into a prioritized batch) with importance weight 1 and no replay write
+    (:meth:`EpisodeReplay.update_priorities` leaves them out)."""
+    windows = windows.copy()
+    windows.set(PRIORITY_WEIGHT_KEY, torch.ones(windows.shape, device=windows.device))
+    windows.set(WRITE_KEY, torch.full(windows.shape, -1, dtype=torch.long, device=windows.device))
+    return windows
 
 
 class OnlineWindows:

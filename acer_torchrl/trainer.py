@@ -40,9 +40,11 @@ from acer_torchrl.health import Health
 from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, make_loggers, os_reason,
                                   read_summary, save_learning_curve, write_summary)
 from acer_torchrl.objectives.common import objective
+from acer_torchrl.objectives.names import PRIORITY_KEY, PRIORITY_WEIGHT_KEY
 from acer_torchrl.optim import AdamStep, adam_settings
 from acer_torchrl.processes import RunGuard, StopSignals
-from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay
+from acer_torchrl.priority_tree import SequencePriorities
+from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay, unprioritized
 from acer_torchrl.rundir import default_run_dir, prepare_run_dir
 from acer_torchrl.settings import get_algorithm
 
@@ -153,9 +155,12 @@ class Trainer:
     def make_replay(self) -> Replay:
         """The replay this run stores its experience in. A shared-replay sweep overrides it to hand every
         agent a view of one common replay (:mod:`acer_torchrl.shared_replay`)."""
-        scratch = self.run_dir / "replay_storage" if self.cfg.replay.memmap else None
-        return EpisodeReplay(self.cfg.replay.capacity, scratch_dir=scratch, seed=self.cfg.seed,
-                             frame_stack=stacked_frames(self.cfg.env))
+        cfg = self.cfg.replay
+        scratch = self.run_dir / "replay_storage" if cfg.memmap else None
+        priorities = (SequencePriorities(cfg.capacity, cfg.priority_block, cfg.priority_uniform)
+                      if cfg.prioritized else None)
+        return EpisodeReplay(cfg.capacity, scratch_dir=scratch, seed=self.cfg.seed,
+                             frame_stack=stacked_frames(self.cfg.env), priorities=priorities)
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict:
@@ -327,11 +332,13 @@ class Trainer:
     # ------------------------------------------------------------------ learning
     def draws_ahead(self) -> bool:
         """Whether :meth:`planned_batches` draws the next batch during the update in hand (``replay.prefetch``): not
-        when a draw runs the network (``replay.recurrent_state=refresh`` of a recurrent agent: the next batch's start
-        states come from the weights the update in hand is changing), nor from a replay other than this run's own
+        when a draw reads what that update changes: the network (``replay.recurrent_state=refresh`` of a recurrent
+        agent: the next batch's start states come from its weights) or the priorities (``replay.prioritized``: the
+        agent's ``after_update`` writes the drawn windows' new ones), nor from a replay other than this run's own
         :class:`EpisodeReplay` (a sweep's shared replay: its draws are calls to the replay's server)."""
-        refreshes = self.agent.recurrent and self.cfg.replay.recurrent_state == "refresh"
-        return self.cfg.replay.prefetch and not refreshes and isinstance(self.replay, EpisodeReplay)
+        cfg = self.cfg.replay
+        reads_the_update = (self.agent.recurrent and cfg.recurrent_state == "refresh") or cfg.prioritized
+        return cfg.prefetch and not reads_the_update and isinstance(self.replay, EpisodeReplay)
 
     def planned_batches(self, shares: list[float]) -> Iterator[TensorDictBase]:
         """The batches of an update plan (:meth:`draw_batch` for each share; none while the replay is too small).
@@ -385,6 +392,8 @@ class Trainer:
         parts.append(replayed)
         if len(parts) == 1:
             return parts[0]
+        if PRIORITY_WEIGHT_KEY in replayed.keys():  # the fresh windows: weight 1, no priority to update
+            parts[0] = unprioritized(parts[0])
         keys = set(parts[0].keys(True, True)) & set(parts[1].keys(True, True))
         return torch.cat([p.select(*keys) for p in parts], 0)
 
@@ -408,7 +417,7 @@ class Trainer:
             updater.step()
         self.counters.updates += 1
         self.agent.after_update(batch, out, self.replay)
-        names = [k for k, v in out.items() if v.numel() >= 1]
+        names = [k for k, v in out.items() if v.numel() >= 1 and k != PRIORITY_KEY]  # priorities: per window
         # a loss may report a statistic computed on the replay's device (V-RACER's far share: CPU)
         means = [v if v.ndim == 0 else v.mean() for v in (out.get(k).detach() for k in names)]
         means = [m.to(grad_norm.device) for m in means] if self.device.type != "cpu" else means

@@ -8,8 +8,9 @@ The layers, bottom to top (``docs/layout.md`` says the same):
    ``health``, ``atari``, ``_torchrl_compat``;
 1. ``settings``: each algorithm's keys, presets and the torch-free registry (an algorithm's ``build`` named by
    its dotted path), the ``env.*`` keys;
-2. what the config checks and what a run stores: ``envs``, ``rundir``, ``checkpoint``, ``frame_store``, ``replay``
-   (which offers the stored estimates their view of it, ``EpisodeStore``, and knows no loss), ``optim``;
+2. what the config checks and what a run stores: ``envs``, ``rundir``, ``checkpoint``, ``frame_store``,
+   ``priority_tree`` (a prioritized replay's draw), ``replay`` (which offers the stored estimates their view of it,
+   ``EpisodeStore``, and knows no loss), ``optim``;
 3. ``config`` (and ``config_reference``, the document made from it);
 4. ``objectives``: the losses and their maths (torch, tensordict, torchrl and ``objectives`` only:
    tests/test_plain_torchrl_loop.py);
@@ -34,7 +35,8 @@ LAYERS = {
     "validation": 0, "objectives.names": 0, "commands": 0, "processes": 0, "metrics": 0, "health": 0, "atari": 0,
     "_torchrl_compat": 0,
     "settings": 1,
-    "envs": 2, "rundir": 2, "checkpoint": 2, "frame_store": 2, "replay": 2, "optim": 2,
+    "envs": 2, "rundir": 2, "checkpoint": 2, "frame_store": 2, "priority_tree": 2, "replay": 2,
+    "optim": 2,
     "config": 3, "config_reference": 3,
     "objectives": 4,
     "modules": 5, "collectors": 5, "evaluation": 5,

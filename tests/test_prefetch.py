@@ -82,12 +82,14 @@ def test_prefetch_draws_the_same_batches_in_the_same_order(tmp_path, algo, prese
     assert not draw_threads()
 
 
-def test_prefetch_is_off_where_a_draw_runs_the_network(tmp_path):
-    """LASER's LSTM preset refreshes each sequence's start state with the network an update is changing: its draws
-    stay on the main thread."""
-    trainer = tiny_trainer(tmp_path, "laser", True, "preset=cartpole_pomdp")
+@pytest.mark.parametrize("algo, overrides", [("laser", ["preset=cartpole_pomdp"]),
+                                             ("reactor", ["preset=cartpole", "replay.prioritized=true"])])
+def test_prefetch_is_off_where_a_draw_reads_what_the_update_before_changes(tmp_path, algo, overrides):
+    """LASER's LSTM preset refreshes each sequence's start state with the network an update is changing; a
+    prioritized replay draws by the priorities the update before wrote: their draws stay on the main thread."""
+    trainer = tiny_trainer(tmp_path, algo, True, *overrides)
     try:
-        assert trainer.cfg.replay.recurrent_state == "refresh" and not trainer.draws_ahead()
+        assert not trainer.draws_ahead() and trainer._drawer is None
     finally:
         trainer.close()
 

@@ -229,6 +229,8 @@ UNUSED = [
     ("acer", ["replay.recurrent_state=zero"], "note: replay.recurrent_state=zero has no effect with network.lstm=false"),
     ("laser", ["preset=cartpole_pomdp", "replay.prefetch=true"],
      "note: replay.prefetch=true has no effect with replay.recurrent_state=refresh"),
+    ("reactor", ["replay.prioritized=true", "replay.prefetch=true"],
+     "note: replay.prefetch=true has no effect with replay.prioritized=true"),
     ("reactor", ["reactor.tislr_c=5"], "note: reactor.tislr_c=5 has no effect with reactor.pg=beta_loo"),
     ("reactor", ["reactor.pg=tislr", "reactor.beta_c=2"], "note: reactor.beta_c=2 has no effect with reactor.pg=tislr"),
     ("laser", ["laser.trust_region=false", "laser.kl_samples=4"],

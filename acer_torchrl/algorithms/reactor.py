@@ -99,6 +99,11 @@ class MixedSoftmaxHead(nn.Module):
         return torch.logaddexp(log_softmax + self.log_keep, torch.full_like(log_softmax, self.log_uniform))
 
 
+def dueling(value: torch.Tensor, advantage: torch.Tensor, action_dim: int) -> torch.Tensor:
+    """``V + A(a) - mean_b A(b)`` (Wang et al. 2015), the mean over the actions' dim ``action_dim`` of ``advantage``."""
+    return value + advantage - advantage.mean(dim=action_dim, keepdim=True)
+
+
 class DuelingHead(nn.Module):
     """``Q(x, a) = V(x) + A(x, a) - mean_b A(x, b)`` (Wang et al. 2015) with Table 1's value and advantage
     heads (``Linear(32) -> CReLU -> Linear``)."""
@@ -109,8 +114,24 @@ class DuelingHead(nn.Module):
         self.advantage = _crelu_mlp(in_dim, hidden, num_actions)
 
     def forward(self, core: torch.Tensor) -> torch.Tensor:
-        advantage = self.advantage(core)
-        return self.value(core) + advantage - advantage.mean(dim=-1, keepdim=True)
+        return dueling(self.value(core), self.advantage(core), -1)
+
+
+class CategoricalDuelingHead(nn.Module):
+    """The distributional critic's logits ``[.., A, N]`` (sec. 3.4.1): state-value logits ``[.., N]`` and advantage
+    logits ``[.., A, N]`` from Table 1's heads, summed per atom, the advantages' mean over actions taken off as in
+    :class:`DuelingHead` (Rainbow's form, Hessel et al. 2018); the loss takes the softmax over the atoms of each
+    action, ``q_i(x, a)`` on the support ``z_i`` (eq. 5 of C51)."""
+
+    def __init__(self, in_dim: int, hidden: int, num_actions: int, atoms: int):
+        super().__init__()
+        self.atoms = atoms
+        self.value = _crelu_mlp(in_dim, hidden, atoms)
+        self.advantage = _crelu_mlp(in_dim, hidden, num_actions * atoms)
+
+    def forward(self, core: torch.Tensor) -> torch.Tensor:
+        advantage = self.advantage(core).unflatten(-1, (-1, self.atoms))
+        return dueling(self.value(core).unsqueeze(-2), advantage, -2)
 
 
 def make_encoder(info: EnvInfo, hidden: list[int]) -> nn.Module:
@@ -128,8 +149,9 @@ def make_encoder(info: EnvInfo, hidden: list[int]) -> nn.Module:
 class ReactorNetworks:
     """The modules of one Reactor agent (all sharing one encoder).
 
-    ``network`` (learning) maps the observation sequence to ``"action_value"`` [.., A], ``"logits"``
-    (log pi, mixed) and, when learned, ``"mu_logits"`` (log mu-hat); ``q_network`` is its Q branch alone
+    ``network`` (learning) maps the observation sequence to ``"action_value"`` [.., A] (with ``atoms``: the
+    categorical critic's ``"action_value_logits"`` [.., A, N] instead), ``"logits"`` (log pi, mixed) and, when
+    learned, ``"mu_logits"`` (log mu-hat); ``q_network`` is its Q branch alone
     (encoder, Q LSTM, dueling head), run with the target parameters for Q_T. ``torsos`` are the Q, pi
     (and mu-hat) torsos whose recurrent states ride in collected steps; ``policy_head`` maps the pi torso's
     ``"core"`` to log pi.
@@ -148,13 +170,19 @@ def make_networks(
     head_hidden: int,
     epsilon: float,
     learned_behaviour: bool,
+    atoms: int | None = None,
 ) -> ReactorNetworks:
-    """Table 1: shared encoder, separate LSTMs (when ``lstm_hidden``) for Q, pi and mu-hat, dueling Q head,
-    uniform-mixed softmax heads; pi and mu-hat read the encoder through :class:`StopGradient`."""
+    """Table 1: shared encoder, separate LSTMs (when ``lstm_hidden``) for Q, pi and mu-hat, dueling Q head
+    (categorical with ``atoms``, sec. 3.4.1), uniform-mixed softmax heads; pi and mu-hat read the encoder through
+    :class:`StopGradient`."""
     encoder = make_encoder(info, hidden)
     n = info.num_actions
     q_torso = make_torso(info, hidden, "relu", lstm_hidden, prefix="q_", encoder=encoder)
-    q_head = TensorDictModule(DuelingHead(q_torso.out_dim, head_hidden, n), ["q_core"], ["action_value"])
+    if atoms is None:
+        q_head = TensorDictModule(DuelingHead(q_torso.out_dim, head_hidden, n), ["q_core"], ["action_value"])
+    else:
+        q_head = TensorDictModule(CategoricalDuelingHead(q_torso.out_dim, head_hidden, n, atoms), ["q_core"],
+                                  ["action_value_logits"])
     q_network = TensorDictSequential(*q_torso.module, q_head)
     shared = "q_embed" if lstm_hidden else "q_core"  # the encoder's output in the Q torso
 
@@ -186,6 +214,7 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
             f"reactor needs a discrete action space and env.name={cfg.env.name} is continuous; "
             "use loss=acer, loss=vracer or loss=laser for continuous control"
         )
+    atoms = rc.atoms  # the categorical critic's head, when distributional
     nets = make_networks(
         info,
         cfg.network.hidden,
@@ -193,6 +222,7 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         rc.head_hidden,
         rc.epsilon,
         rc.behaviour == "learned",
+        atoms if rc.distributional else None,
     )
     hidden_keys = [key for t in nets.torsos for key in t.hidden_keys]
     loss = ReactorLoss(

@@ -70,10 +70,13 @@ from acer_torchrl.objectives.common import (
     observation_keys,
     poisson_plan,
     sequence_mask,
+    weighted_mean,
+    window_priority,
+    window_weight,
     shift_in_bootstraps,
     trace_cut,
 )
-from acer_torchrl.objectives.names import BEHAVIOUR, MASK_KEY
+from acer_torchrl.objectives.names import BEHAVIOUR, MASK_KEY, PRIORITY_WEIGHT_KEY
 from acer_torchrl.objectives.network_call import NetworkCall
 
 
@@ -145,6 +148,8 @@ class ACERLoss(ReplayLoss):
             logits, loc, scale: the learning network's policy statistics phi.
             action_value: Q over actions (discrete); state_value: V (continuous).
             core: torso features the SDN advantage network reads (continuous).
+            priority_weight: a prioritized replay's importance weight of each window (optional: every loss
+                term is then weighted by it, Reactor sec. 3.3).
         """
 
         action: NestedKey = "action"
@@ -160,6 +165,7 @@ class ACERLoss(ReplayLoss):
         action_value: NestedKey = "action_value"
         state_value: NestedKey = "state_value"
         core: NestedKey = "core"
+        priority_weight: NestedKey = PRIORITY_WEIGHT_KEY
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
@@ -243,7 +249,7 @@ class ACERLoss(ReplayLoss):
         diagnostics = ["rho", "rho_clipped_share", "entropy", "state_value", "q_ret"]
         if self.trust_region:
             diagnostics += ["kl_average", "trust_region_active"]
-        return ["loss_objective", "loss_critic", "loss_entropy", *diagnostics]
+        return ["loss_objective", "loss_critic", "loss_entropy", *diagnostics, "priority"]
 
     # ------------------------------------------------------------------ Alg. 1
     def update_plan(self, rng) -> list[float]:
@@ -321,12 +327,13 @@ class ACERLoss(ReplayLoss):
         g: torch.Tensor,
         average_stats: list[torch.Tensor] | None,
         mask: torch.Tensor,
+        weight: torch.Tensor | None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The phi-surrogate of the (projected) policy gradient.
 
         ``g`` is the gradient of the per-step policy objective w.r.t. ``phi_t`` (eq. 10 discrete, eq. 16
         continuous), projected to ``z*_t`` by eq. 12 against ``k_t`` (:meth:`_kl_gradient`), and returned as
-        ``-mean_t z*_t . phi_t`` whose gradient carries ``z*`` into theta.
+        ``-mean_t z*_t . phi_t`` whose gradient carries ``z*`` into theta (each window's steps ``weight``-ed).
         """
         diagnostics = {}
         if average_stats is not None:
@@ -338,7 +345,7 @@ class ACERLoss(ReplayLoss):
         else:
             z = g
         phi = torch.cat([s for s in stats if s.requires_grad], -1)
-        return -masked_mean((z.detach() * phi).sum(-1, keepdim=True), mask), diagnostics
+        return -weighted_mean((z.detach() * phi).sum(-1, keepdim=True), mask, weight), diagnostics
 
     # ------------------------------------------------------------------ forward
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -376,32 +383,38 @@ class ACERLoss(ReplayLoss):
             bootstrap,
             None if next_out is None else self._state_value(next_out, next_target).detach(),
         )
+        weight = window_weight(td, keys.priority_weight)
         if self.discrete:
             q_target = target.get(keys.action_value).detach()
-            g, critic, rho, q_ret = self._discrete(
-                td, out, q_target, stats, value, next_value, reward, terminated, done, mask
+            g, critic, rho, q_ret, td_error = self._discrete(
+                td, out, q_target, stats, value, next_value, reward, terminated, done, mask, weight
             )
         else:
-            g, critic, rho, q_ret = self._continuous(td, out, stats, value, next_value, reward, terminated, done, mask)
-        loss_objective, diagnostics = self._policy_surrogate(stats, g, average_stats, mask)
-        entropy = masked_mean(self._entropy(stats), mask)
+            g, critic, rho, q_ret, td_error = self._continuous(
+                td, out, stats, value, next_value, reward, terminated, done, mask, weight
+            )
+        loss_objective, diagnostics = self._policy_surrogate(stats, g, average_stats, mask, weight)
+        entropy_steps = self._entropy(stats)
+        entropy = masked_mean(entropy_steps.detach(), mask)
         return TensorDict(
             {
                 "loss_objective": loss_objective,
                 "loss_critic": self.critic_coeff * critic,
-                "loss_entropy": -self.entropy_coeff * entropy,
+                "loss_entropy": -self.entropy_coeff * weighted_mean(entropy_steps, mask, weight),
                 "rho": masked_mean(rho, mask),
                 "rho_clipped_share": masked_mean((rho > self.c).float(), mask),
-                "entropy": entropy.detach(),
+                "entropy": entropy,
                 "state_value": masked_mean(value.detach(), mask),
                 "q_ret": masked_mean(q_ret, mask),
+                "priority": window_priority(td_error, mask),  # Reactor sec. 3.3: mean |Q^ret - Q(x, a)|
                 **diagnostics,
             },
             batch_size=[],
         )
 
-    def _discrete(self, td, out, q_target, stats, value, next_value, reward, terminated, done, mask):
-        """Discrete ACER (sec. 3, Alg. 2); ``Q^ret`` reads ``q_target`` (the learning critic's Q, or its target's)."""
+    def _discrete(self, td, out, q_target, stats, value, next_value, reward, terminated, done, mask, weight):
+        """Discrete ACER (sec. 3, Alg. 2); ``Q^ret`` reads ``q_target`` (the learning critic's Q, or its target's).
+        Returns ``g``, the critic loss, rho, ``Q^ret`` and the TD error ``Q^ret - Q(x, a)``."""
         keys = self.tensor_keys
         action = td.get(keys.action).long().unsqueeze(-1)  # [B, T, 1] index
         q = out.get(keys.action_value)
@@ -424,11 +437,12 @@ class ACERLoss(ReplayLoss):
             g = advantage * (torch.zeros_like(pi).scatter_(-1, action, 1.0) - pi)
             g = g + correction - pi * correction.sum(-1, keepdim=True)
 
-        critic = masked_mean(0.5 * (q_ret - q.gather(-1, action)).pow(2), mask)  # eq. 6
-        return g, critic, rho, q_ret
+        q_taken = q.gather(-1, action)
+        critic = weighted_mean(0.5 * (q_ret - q_taken).pow(2), mask, weight)  # eq. 6
+        return g, critic, rho, q_ret, q_ret - q_taken.detach()
 
-    def _continuous(self, td, out, stats, value, next_value, reward, terminated, done, mask):
-        """Continuous ACER with a stochastic dueling network (sec. 5, Alg. 3)."""
+    def _continuous(self, td, out, stats, value, next_value, reward, terminated, done, mask, weight):
+        """Continuous ACER with a stochastic dueling network (sec. 5, Alg. 3); returns as :meth:`_discrete`."""
         keys = self.tensor_keys
         action = td.get(keys.action)
         d = action.shape[-1]
@@ -467,5 +481,5 @@ class ACERLoss(ReplayLoss):
         g = self._phi_gradient(stats, objective)
 
         # Alg. 3: (Q^ret - Q~) grad Q~ + min(1, rho) (Q^ret - Q~) grad V  =  grads of these two squares
-        critic = masked_mean(0.5 * (q_ret - q_tilde).pow(2) + 0.5 * (v_target - value).pow(2), mask)
-        return g, critic, rho, q_ret
+        critic = weighted_mean(0.5 * (q_ret - q_tilde).pow(2) + 0.5 * (v_target - value).pow(2), mask, weight)
+        return g, critic, rho, q_ret, q_ret - q_taken

@@ -126,6 +126,33 @@ def masked_mean(value: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return (value * mask).sum() / mask.sum().clamp_min(1.0)
 
 
+def window_weight(td: TensorDictBase, key: NestedKey) -> torch.Tensor | None:
+    """``[B, T, 1]`` importance weight of each step's window (a prioritized replay's ``key``, repeated along time),
+    None when the batch has none (a uniform replay: every loss term is the plain :func:`masked_mean`)."""
+    weight = td.get(key, None)
+    return None if weight is None else weight.reshape(*td.shape, 1)
+
+
+def weighted_mean(value: torch.Tensor, mask: torch.Tensor | None, weight: torch.Tensor | None) -> torch.Tensor:
+    """:func:`masked_mean` with each step counted ``weight`` times (PER's importance weights, Schaul et al. 2016,
+    sec. 3.4: ``sum w m v / sum m``); ``weight`` None: :func:`masked_mean` itself."""
+    if weight is None:
+        return masked_mean(value, mask)
+    weight = weight.expand_as(value).to(value.dtype)
+    if mask is None:
+        return (value * weight).mean()
+    mask = mask.expand_as(value).to(value.dtype)
+    return (value * mask * weight).sum() / mask.sum().clamp_min(1.0)
+
+
+@torch.no_grad()
+def window_priority(td_error: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B]``: each window's mean absolute TD error over its real steps (``td_error`` and ``mask`` ``[B, T, 1]``),
+    the priority of a prioritized sequence replay (Reactor sec. 3.3)."""
+    mask = mask.expand_as(td_error).to(td_error.dtype)
+    return (td_error.abs() * mask).flatten(1).sum(-1) / mask.flatten(1).sum(-1).clamp_min(1.0)
+
+
 def observation_keys(in_keys: Sequence[NestedKey], hidden_keys: Sequence[str]) -> list[NestedKey]:
     """The keys of ``in_keys`` that describe the state itself (not the recurrent state nor ``is_init``):
     what a step's ``("next", ...)`` must hold to evaluate the network on ``s_{t+1}``."""

@@ -5,7 +5,8 @@ No modules, no TensorDicts: plain functions on tensors, in the layout of
 
 Conventions (all estimators)
 ----------------------------
-* Per-step tensors are ``[*B, T, 1]``: any number of batch dims, time on dim -2.
+* Per-step tensors are ``[*B, T, 1]``: any number of batch dims, time on dim -2 (distributions over ``N``
+  atoms: ``[*B, T, N]``).
 * ``terminated[t]`` and ``done[t]`` (bool) describe the transition ``s_t -> s_{t+1}``, with
   ``done = terminated | truncated``. ``next_state_value[t]`` is ``V(s_{t+1})``.
 * A **terminated** step does not bootstrap (``V(s_{t+1})`` is multiplied by 0). A **truncated**
@@ -24,13 +25,15 @@ them under ``torch.no_grad()``) when they use them as regression targets or adva
 
 Definitions and fast forms: each estimator with a recursion over time has a plain reference
 function, a Python loop over ``t`` written straight from the paper's equation
-(:func:`retrace_reference`, :func:`vtrace_reference`): that loop is the definition. The function
-beside it (:func:`retrace`, :func:`vtrace_from_weights`) computes the same numbers, up to float
-rounding (``tests/test_functional.py`` checks it), faster: the recursions are first-order linear
+(:func:`retrace_reference`, :func:`vtrace_reference`, :func:`distributional_retrace_reference`): that loop is
+the definition. The function beside it (:func:`retrace`, :func:`vtrace_from_weights`,
+:func:`distributional_retrace`) computes the same numbers, up to float rounding (``tests/test_functional.py`` and
+``tests/test_distributional.py`` check it), faster: the scalar recursions are first-order linear
 recurrences ``x_t = a_t * x_{t+1} + b_t`` whose coefficients are computed for all ``t`` at once and
 then solved by :func:`_affine_scan`, vectorised over every batch dim: a plain loop over ``t`` for
 short windows, a log-depth associative scan (odd-even reduction) on the affine maps ``x -> a x + b``
-for long ones (see ``benchmarks/results/estimators.md``).
+for long ones (see ``benchmarks/results/estimators.md``); distributional Retrace's ``n``-step backups are
+projected all at once, with no loop.
 
 Several outputs come back as named tuples (:class:`VTraceReturns`, :class:`ImportanceWeights`).
 LASER's relevance mask (Schmitt et al. 2019, eq. 7) is not part of V-trace: it is
@@ -51,6 +54,9 @@ __all__ = [
     "VTraceReturns",
     "retrace_reference",
     "retrace",
+    "project_on_support",
+    "distributional_retrace_reference",
+    "distributional_retrace",
     "truncated_importance_weights",
     "laser_relevant_weights",
     "vtrace_reference",
@@ -244,6 +250,159 @@ def retrace(
     b = torch.addcmul(reward, discount, next_state_value)
     b = torch.addcmul(b, a, _shift_up(state_action_value), value=-1)
     return _affine_scan(a, b)
+
+
+# ---------------------------------------------------------------------------------------------- distributional Retrace
+# Reactor's categorical critic (Gruslys et al. 2018, ICLR version, sec. 3.2): return distributions sum_i q_i delta_{z_i}
+# on a uniform grid z_0 < ... < z_{N-1} (C51, Bellemare et al. 2017), ``support`` = that grid, ``[N]``.
+
+
+def project_on_support(values: Tensor, weights: Tensor, support: Tensor) -> Tensor:
+    """C51's projection (Bellemare et al. 2017, eq. 7; Reactor sec. 3.2's ``h_{z_i}``) of the signed masses
+    ``weights`` at ``values`` (both ``[*, M]``) onto the uniform grid ``support`` (``[N]``), ``[*, N]``:
+    ``sum_j weights_j h_{z_i}(values_j)`` with the triangular kernel ``h_{z_i}(z) = [1 - |clip(z) - z_i| / dz]_+``,
+    ``clip`` to ``[z_0, z_{N-1}]``: each mass goes to the two atoms around its value, the nearer one getting more.
+
+    Linear in ``weights``; keeps their sum, and their mean ``sum_j weights_j values_j`` when every value lies in
+    ``[z_0, z_{N-1}]``. Computed by two scatter-adds (``O(M)``), not the ``[M, N]`` kernel matrix.
+    """
+    n = support.shape[-1]
+    low, high = support[0], support[-1]
+    position = (values.clamp(low, high) - low) * ((n - 1) / (high - low))  # in [0, N-1]
+    lower = position.floor().clamp_max(n - 2)
+    upper_share = position - lower  # h_{z_lower} = 1 - upper_share, h_{z_lower+1} = upper_share
+    lower = lower.long()
+    out = weights.new_zeros(*weights.shape[:-1], n)
+    out.scatter_add_(-1, lower, weights - weights * upper_share)
+    return out.scatter_add_(-1, lower + 1, weights * upper_share)
+
+
+def _check_distributions(support: Tensor, per_step: Tensor, **probs: Tensor) -> None:
+    """Every one of ``probs`` is ``[*B, T, N]``: the per-step ``[*B, T, 1]`` shape with ``N = len(support)``."""
+    want = (*per_step.shape[:-1], support.shape[-1])
+    shapes = {name: tuple(p.shape) for name, p in probs.items()}
+    if support.ndim != 1 or any(s != want for s in shapes.values()):
+        raise ValueError(f"distributions must be [*B, T, N] with N = len(support) = {support.shape[-1]} and "
+                         f"[*B, T] = {tuple(per_step.shape[:-1])}; got {shapes}")
+
+
+def distributional_retrace_reference(
+    gamma: float | Tensor,
+    reward: Tensor,
+    next_probs: Tensor,
+    next_policy: Tensor,
+    action: Tensor,
+    trace: Tensor,
+    terminated: Tensor,
+    done: Tensor,
+    support: Tensor,
+) -> Tensor:
+    """Distributional Retrace's target ``q*``: the definition, Reactor sec. 3.2 (Gruslys et al. 2018) term by term,
+    a loop over ``t``, ``n`` and the action ``a``.
+
+    ``q*_i(x_t, a_t) = sum_{n >= 1} sum_a alpha_{n,a} sum_j q_j(x_{t+n}, a) h_{z_i}(z^n_j)``, with the ``n``-step
+    atoms ``z^n_j = sum_{s=t}^{t+n-1} gamma^{s-t} r_s + gamma^n z_j`` and the (signed) mixture weights
+    ``alpha_{n,a} = (c_{t+1} ... c_{t+n-1}) (pi(a|x_{t+n}) - 1{a = a_{t+n}} c_{t+n})``; ``h`` is
+    :func:`project_on_support`'s kernel, written out here. Where the window holds the episode no further (``done``,
+    the window's last row: as in :func:`retrace_reference`) the mixture ends: its last ``n`` takes
+    ``c_{t+n} = 0``, so that it bootstraps on ``E_pi`` (``sum_{n,a} alpha_{n,a} = 1`` still); a terminated last
+    step bootstraps on nothing: its backup is a Dirac at the accumulated return (``gamma^n z_j`` times 0).
+
+    Args:
+        gamma: discount, ``>= 0``.
+        reward: ``r_t``, ``[*B, T, 1]``.
+        next_probs: ``q_j(x_{t+1}, a)`` for every action, ``[*B, T, A, N]``.
+        next_policy: ``pi(a|x_{t+1})``, ``[*B, T, A]``.
+        action: ``a_t`` (int64), ``[*B, T, 1]``.
+        trace: ``c_t``, ``[*B, T, 1]``. terminated, done: bool ``[*B, T, 1]``.
+        support: the grid ``z``, ``[N]``, uniform and increasing.
+
+    Returns:
+        ``q*``, ``[*B, T, N]`` (its entries may be negative; they sum to 1).
+    """
+    T, num_actions = reward.shape[-2], next_policy.shape[-1]
+    dz = (support[-1] - support[0]) / (support.shape[-1] - 1)
+
+    def h(values: Tensor) -> Tensor:  # [*, N] values -> [*, N values, N atoms]
+        clipped = values.clamp(support[0], support[-1]).unsqueeze(-1)
+        return (1 - (clipped - support).abs() / dz).clamp_min(0.0)
+
+    rows = []
+    for t in range(T):
+        target = torch.zeros(*reward.shape[:-2], support.shape[-1], dtype=reward.dtype, device=reward.device)
+        open_ = torch.ones_like(done[..., t, :])  # the window still holds the episode at x_{t+n}
+        traces = torch.ones_like(reward[..., t, :])  # c_{t+1} ... c_{t+n-1}
+        accumulated = torch.zeros_like(reward[..., t, :])  # sum_{s=t}^{t+n-1} gamma^{s-t} r_s
+        for n in range(1, T - t + 1):
+            k = t + n - 1  # the n-step backup's last step: x_k -> x_{t+n}
+            accumulated = accumulated + gamma ** (n - 1) * reward[..., k, :]
+            ends = done[..., k, :] | terminated[..., k, :] | (k == T - 1)
+            atoms = accumulated + torch.where(terminated[..., k, :], 0.0, gamma**n * support)
+            for a in range(num_actions):
+                alpha = next_policy[..., k, a : a + 1]
+                if k < T - 1:  # a_{t+n} and c_{t+n} are row t+n's
+                    taken = (action[..., k + 1, :] == a) & ~ends
+                    alpha = alpha - torch.where(taken, trace[..., k + 1, :], 0.0)
+                backup = (next_probs[..., k, a, :].unsqueeze(-1) * h(atoms)).sum(-2)  # sum_j q_j h_{z_i}(z^n_j)
+                target = target + torch.where(open_, traces * alpha, 0.0) * backup
+            if k < T - 1:
+                traces = traces * trace[..., k + 1, :]
+            open_ = open_ & ~ends
+        rows.append(target)
+    return torch.stack(rows, dim=-2)
+
+
+def distributional_retrace(
+    gamma: float | Tensor,
+    reward: Tensor,
+    state_action_probs: Tensor,
+    next_state_probs: Tensor,
+    trace: Tensor,
+    terminated: Tensor,
+    done: Tensor,
+    support: Tensor,
+) -> Tensor:
+    """Distributional Retrace's target ``q*`` (Reactor sec. 3.2): equal to :func:`distributional_retrace_reference`
+    up to float rounding, from the arguments of :func:`retrace` with distributions in place of values:
+    ``state_action_probs`` = ``q(x_t, a_t)`` and ``next_state_probs`` = ``sum_a pi(a|x_{t+1}) q(x_{t+1}, a)``, each
+    ``[*B, T, N]`` (within an episode row ``t+1`` of the first is ``q(x_{t+1}, a_{t+1})``).
+
+    Summing ``alpha_{n,a}`` over ``a`` leaves two backups per ``n``: with ``k = t + n - 1``,
+    ``P_{t,k} = c_{t+1} ... c_{t+n-1}`` and ``end`` the row where ``t``'s mixture ends (see the reference),
+
+    ``q*(x_t, a_t) = sum_{k=t}^{end} P_{t,k} Proj[ (next_state_probs_k - 1{k < end} c_{k+1} state_action_probs_{k+1})
+    at the atoms G_{t,k} + gamma^{k-t+1} (1 - terminated_k) z ]``, ``G_{t,k} = sum_{s=t}^{k} gamma^{s-t} r_s``.
+
+    Its mean is :func:`retrace`'s ``Q^ret`` of the means where the projection is exact (every atom inside the
+    support): eq. 3 unrolled, the recursion ``Q^ret_t = r_t + gamma [E_pi Q(x_{t+1}) - c_{t+1} (Q(x_{t+1}, a_{t+1})
+    - Q^ret_{t+1})]`` on signed distributions. The recursion would shift the support at every step, so each
+    ``n``-step backup is projected once, as the definition does, at once for all ``k >= t``: ``[*B, T (T+1) / 2, N]``
+    tensors, no loop (a projection per step of the recursion would differ from the definition).
+    """
+    _check_shapes(reward=reward, trace=trace, terminated=terminated, done=done)
+    _check_distributions(support, reward, state_action_probs=state_action_probs, next_state_probs=next_state_probs)
+    T = reward.shape[-2]
+    steps = torch.arange(T, device=reward.device)
+    k_minus_t = (steps - steps[:, None]).to(reward.dtype)  # [t, k]
+    ahead = k_minus_t >= 0
+    cut = (done | terminated).squeeze(-1).clone()
+    cut[..., -1] = True  # the window's last row
+    cuts_before = cut.cumsum(-1) - cut.long()  # cuts at rows < k
+    # row k's backup is in t's mixture: k >= t and no cut in rows t..k-1; the mixture ends at the first cut
+    reach = ahead & (cuts_before.unsqueeze(-1) == cuts_before.unsqueeze(-2))
+    ends = reach & cut.unsqueeze(-2)
+    c = trace.squeeze(-1).unsqueeze(-2)  # c_s along the last dim
+    traces = torch.where(k_minus_t > 0, c, 1.0).cumprod(-1) * reach  # P_{t,k}, 0 outside the mixture
+    discounts = torch.as_tensor(gamma, dtype=reward.dtype, device=reward.device) ** k_minus_t.clamp_min(0)
+    returns = (torch.where(ahead, discounts, 0.0) * reward.squeeze(-1).unsqueeze(-2)).cumsum(-1)  # G_{t,k}
+    scale = gamma * discounts * _as_float(~terminated, reward.dtype).squeeze(-1).unsqueeze(-2)
+    # the [.., N] backups of the pairs k >= t only (half of the [T, T] table), projected, then summed per t
+    pair_t, pair_k = torch.triu_indices(T, T, device=reward.device)
+    atoms = returns[..., pair_t, pair_k, None] + scale[..., pair_t, pair_k, None] * support  # [*B, pairs, N]
+    correction = _shift_up(trace * state_action_probs)[..., pair_k, :]  # c_{k+1} q(x_{k+1}, a_{k+1}) at row k
+    backups = next_state_probs[..., pair_k, :] - torch.where(ends[..., pair_t, pair_k, None], 0.0, correction)
+    projected = project_on_support(atoms, traces[..., pair_t, pair_k, None] * backups, support)
+    return projected.new_zeros(state_action_probs.shape).index_add_(-2, pair_t, projected)
 
 
 def truncated_importance_weights(log_rho: Tensor, rho_bar: float = 1.0, c_bar: float = 1.0) -> ImportanceWeights:

@@ -62,6 +62,9 @@ from acer_torchrl.objectives.common import (
     policy_distribution,
     sequence_mask,
     trace_cut,
+    weighted_mean,
+    window_priority,
+    window_weight,
 )
 from acer_torchrl.objectives.functional import (
     implied_policy_kl,
@@ -69,7 +72,7 @@ from acer_torchrl.objectives.functional import (
     truncated_importance_weights,
     vtrace_from_weights,
 )
-from acer_torchrl.objectives.names import BEHAVIOUR, policy_keys
+from acer_torchrl.objectives.names import BEHAVIOUR, PRIORITY_WEIGHT_KEY, policy_keys
 from acer_torchrl.objectives.network_call import NetworkCall
 
 
@@ -141,6 +144,8 @@ class LASERLoss(ReplayLoss):
             behaviour_log_prob: ``log mu(a_t|s_t)`` stored at acting time.
             value: ``V(s)`` written by the network.
             reward, done, terminated: under ``"next"``.
+            priority_weight: a prioritized replay's importance weight of each window (optional: every loss
+                term is then weighted by it, Reactor sec. 3.3).
         """
 
         action: NestedKey = "action"
@@ -150,6 +155,7 @@ class LASERLoss(ReplayLoss):
         reward: NestedKey = "reward"
         done: NestedKey = "done"
         terminated: NestedKey = "terminated"
+        priority_weight: NestedKey = PRIORITY_WEIGHT_KEY
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
@@ -219,7 +225,7 @@ class LASERLoss(ReplayLoss):
     def out_keys(self) -> list[str]:
         return [
             "loss_objective", "loss_critic", "loss_entropy", "entropy", "beta_kl", "rejected_share",
-            "rho", "rho_clipped_share", "value_target", "time_limit_share",
+            "rho", "rho_clipped_share", "value_target", "time_limit_share", "priority",
         ]
 
     # ------------------------------------------------------------------ trainer hooks
@@ -309,9 +315,10 @@ class LASERLoss(ReplayLoss):
             )
         keep = mask if relevance is None else mask & relevance  # rejected steps leave every loss
         entropy = pi.entropy().reshape(shape)
-        loss_objective = -masked_mean(advantage * log_pi, keep)
-        loss_critic = self.critic_coeff * masked_mean(0.5 * (value_target - value).pow(2), keep)
-        loss_entropy = -self.entropy_coeff * masked_mean(entropy, keep)
+        weight = window_weight(td, keys.priority_weight)
+        loss_objective = -weighted_mean(advantage * log_pi, keep, weight)
+        loss_critic = self.critic_coeff * weighted_mean(0.5 * (value_target - value).pow(2), keep, weight)
+        loss_entropy = -self.entropy_coeff * weighted_mean(entropy, keep, weight)
 
         with torch.no_grad():
             rho = log_rho.exp()
@@ -330,6 +337,7 @@ class LASERLoss(ReplayLoss):
                     "rho_clipped_share": masked_mean((rho > self.rho_bar).float(), mask),
                     "value_target": masked_mean(value_target, mask),
                     "time_limit_share": masked_mean(time_limit.float(), mask),
+                    "priority": window_priority(value_target - value, mask),  # mean |v_s - V(x_s)|
                 },
                 batch_size=[],
             )

@@ -6,6 +6,8 @@ BEHAVIOUR = "behaviour"  # root key of the behaviour statistics mu written at ac
 MASK_KEY = "mask"  # False on padding steps past the end of a sampled sequence's episode
 SLOT_KEY = "slot"  # storage slot of every sampled step (where write-backs go)
 WRITE_KEY = "write_index"  # which write put a sampled single step in its slot (the replay's w-th step ever: slot w mod capacity)
+PRIORITY_WEIGHT_KEY = "priority_weight"  # a prioritized replay's importance weight of each sampled window (per step)
+PRIORITY_KEY = "priority"  # a loss's per-window mean |TD error|: the window's new priority, not a metrics column
 
 PG_ESTIMATORS = ("beta_loo", "tislr")  # ReactorLoss(pg=...): beta-LOO (eq. 5) or TISLR (sec. 2.2)
 
@@ -47,6 +49,10 @@ OUTPUTS = {
     "beta_kl": "LASER: beta_KL(s) = KL(pi || pi~_mu), the relevance measure (sec. 4.3)",
     "rejected_share": "LASER: share of steps left out by the trust region (beta_KL >= kl_threshold, sec. 4.1)",
     "time_limit_share": "LASER: share of steps where the episode was truncated by a time limit",
+    # per window, for a prioritized replay (left out of the update's statistics)
+    "priority": "each window's mean |TD error| over its real steps (ACER, Reactor: |Q^ret - Q|, Reactor's distributional "
+                "critic: the total variation between q* and q; LASER: |v_s - V|), "
+                "its new priority in a prioritized replay (Reactor sec. 3.3); a [B] tensor, not a metrics column",
     # V-RACER and its stored estimates
     "kl": "V-RACER: D_KL(mu || pi) (Rule 2, eq. 10)",
     "far_batch": "V-RACER: share of the batch's steps that are far-policy (Rule 1, rho outside [1/c_max, c_max])",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ BEHAVIOUR_MODES = ("memorised", "learned")
 
 @allowed(lam="[0, 1]", pg=PG_ESTIMATORS, beta_c="[1, inf]", tislr_c="(0, inf)", behaviour=BEHAVIOUR_MODES,
          epsilon="[0, 1)", target_update="[1, inf)", entropy_coeff="[0, inf)", head_hidden=MAX_WIDTH,
-         updates_per_batch="(0, 1000]")
+         updates_per_batch="(0, 1000]", atoms="[2, 1000]")
 @dataclass
 class ReactorConfig:
     lam: float = 1.0  # Retrace lambda in c_s = lambda min(1, pi/mu) (eq. 2); sec. 4.2 also tries 0.9
@@ -32,16 +33,30 @@ class ReactorConfig:
     entropy_coeff: float = 0.1  # entropy bonus = entropy_coeff x mean action gap (sec. 3.5)
     head_hidden: int = 32  # width of the heads' hidden linear layer before its CReLU (Table 1)
     updates_per_batch: float = 1.0  # learner steps per collected batch (fractions drawn at random)
+    # a categorical critic (C51 atoms, dueling logits, sec. 3.4.1) trained by distributional Retrace and a KL loss
+    # (sec. 3.2, eq. 12) instead of the scalar Q regressed on Retrace; the actor reads the distributions' means
+    distributional: bool = False
+    atoms: int = 51  # number N of atoms z_i of the categorical critic (C51's 51)
+    v_min: float = -10.0  # the lowest atom z_0 (finite, below v_max): lower returns count as v_min (C51's Atari value)
+    v_max: float = 10.0  # the highest atom z_{N-1}: returns above it count as v_max (C51's Atari value)
 
     def unused_keys(self, cfg: Config) -> dict[str, str]:
-        """The keys of this section that the chosen policy-gradient estimator does not read."""
-        return {"reactor.tislr_c" if self.pg == "beta_loo" else "reactor.beta_c": f"reactor.pg={self.pg}"}
+        """The keys of this section that the chosen policy-gradient estimator does not read; the categorical
+        critic's, without it."""
+        unused = {"reactor.tislr_c" if self.pg == "beta_loo" else "reactor.beta_c": f"reactor.pg={self.pg}"}
+        if not self.distributional:
+            unused.update(dict.fromkeys(("reactor.atoms", "reactor.v_min", "reactor.v_max"),
+                                        "reactor.distributional=false"))
+        return unused
 
     def validate(self, cfg: Config) -> None:
         """The checks across fields (each field's range is declared above)."""
         if cfg.replay.seq_len < 2:
             raise ConfigError(f"loss=reactor learns from sequences: replay.seq_len={cfg.replay.seq_len} is too short, "
                               "the smallest that works is replay.seq_len=2")
+        if not (math.isfinite(self.v_min) and math.isfinite(self.v_max) and self.v_min < self.v_max):
+            raise ConfigError(f"the categorical critic's support needs finite reactor.v_min < reactor.v_max, got "
+                              f"v_min={self.v_min}, v_max={self.v_max}")
 
 
 # Table 1 and sec. 3.4 (Atari), shared by the atari and minatar presets
@@ -163,8 +178,12 @@ PRESETS = {
     },
 }
 
+# The atari preset with the paper's prioritized sequence replay (sec. 3.3, Figure 3's "Reactor"): lazy priorities per
+# 32-step neighbourhood, importance weights with beta = 1; a variant, so that the atari preset's rows stay comparable
+PRESETS["atari_prioritized"] = {**PRESETS["atari"], "replay.prioritized": True}
+
 # the fields of ReactorConfig that build (algorithms/reactor.py) reads itself (the others go to ReactorLoss)
-BUILD_READS = ("head_hidden", "epsilon", "behaviour", "target_update")
+BUILD_READS = ("head_hidden", "epsilon", "behaviour", "target_update", "distributional", "atoms")
 
 ALGORITHM = Algorithm(
     "reactor", ReactorConfig, "acer_torchrl.algorithms.reactor.build", PRESETS, DEFAULT_PRESET, BUILD_READS

@@ -38,6 +38,9 @@ class VRACERConfig:
         if cfg.replay.seq_len != 1:
             raise ConfigError(f"loss=vracer trains on single time steps: replay.seq_len={cfg.replay.seq_len} would be "
                               "ignored; drop it (replay.seq_len=1)")
+        if cfg.replay.prioritized:
+            raise ConfigError("loss=vracer replays single steps uniformly (ReF-ER's far-policy share assumes it): "
+                              "replay.prioritized=true is not supported; drop it")
 
 
 _PAPER = {  # App. A: MLP 2x128 Softsign, Adam lr 1e-4, gamma 0.995, N = 2^18, B = 256, F = 1

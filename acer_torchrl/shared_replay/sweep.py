@@ -249,6 +249,8 @@ def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[
     if loss != "laser" and sweep.entropy_factors != SweepConfig().entropy_factors:
         raise ConfigError(f"sweep.entropy_factors scales LASER's entropy cost; loss={loss} has none (drop it)")
     base = load_config(loss, overrides)
+    if base.replay.prioritized:
+        raise ConfigError("replay.prioritized=true: a shared-replay sweep's replay draws uniformly; drop it")
     sweep_dir = Path(base.run_dir) if base.run_dir else default_run_dir(base, sweep=True)
     cfgs = []
     for i in range(sweep.agents):
