@@ -245,3 +245,58 @@ def load_checkpoint(run_dir: Path, replay=None) -> tuple[dict, dict]:
             f"checkpoint {path} is corrupt or unreadable ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
         ) from None
     return state, counters
+
+
+# ------------------------------------------------------------------ weights only (a new run from a run's learner)
+WEIGHTS_MAX_BYTES = 16 << 20  # what a weights file may hold: small enough to commit (benchmarks/gpu/window.sh)
+NOT_CARRIED = ("rng", "health", "next_eval", "next_checkpoint")  # a new run's own: its seed's, its schedules
+
+
+def cut_weights(run_dir: Path, out: Path, max_bytes: int = WEIGHTS_MAX_BYTES) -> dict:
+    """Write ``out``, the weights-only file of ``run_dir``'s latest checkpoint that a new run starts from
+    (``init_from=<out>``): the loss's state (its networks, the average / target copies it keeps), the target networks'
+    copy counters, the run's counters (env steps, updates, episodes, clocks; not its RNG, divergence watch or
+    schedules) and the algorithm and env they belong to; the optimiser's state too when the whole fits in
+    ``max_bytes`` (ACER's Atari network and its average network are 13.5 MB, Adam's moments as much again: left
+    out). No replay. Returns what it kept: ``bytes``, ``optimizer`` (bool), ``env_steps``, ``updates``."""
+    import torch
+    import yaml
+
+    state, counters = load_checkpoint(run_dir)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    weights = {
+        "algorithm": config["loss"],
+        "env": config["env"]["name"],
+        "loss": state["loss"],
+        "updater_counters": state.get("updater_counters", []),
+        "counters": {k: v for k, v in counters.items() if k not in NOT_CARRIED},
+    }
+    if _state_bytes(weights) + _state_bytes(state["optimizer"]) <= max_bytes:
+        weights["optimizer"] = state["optimizer"]
+    size = _state_bytes(weights)
+    if size > max_bytes:
+        raise CheckpointError(f"the weights of {run_dir} are {size / 1e6:.1f} MB, more than {max_bytes / 1e6:.1f} MB")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    torch.save(weights, tmp)
+    tmp.replace(out)
+    return {"bytes": out.stat().st_size, "optimizer": "optimizer" in weights,
+            "env_steps": counters["env_steps"], "updates": counters["updates"]}
+
+
+def load_weights(path: Path) -> dict:
+    """A weights file of :func:`cut_weights` (read without unpickling); a one-line :class:`CheckpointError` when
+    ``path`` is missing or not one."""
+    import torch
+
+    try:
+        weights = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # noqa: BLE001 - any failure here means the file is unusable
+        message = str(err).splitlines()[0] if str(err) else ""
+        reason = os_reason(err) if isinstance(err, OSError) else f"{type(err).__name__}: {message}"
+        raise CheckpointError(f"init_from={path} cannot be read ({reason})") from None
+    missing = [k for k in ("algorithm", "env", "loss", "counters") if not isinstance(weights, dict) or k not in weights]
+    if missing:
+        raise CheckpointError(f"init_from={path} is not a weights file (no {missing[0]}); cut one from a run directory "
+                              "with benchmarks/gpu/cut_weights.py")
+    return weights

@@ -54,6 +54,9 @@ class ReplayConfig:
     prioritized: bool = False
     priority_uniform: float = 0.1  # share epsilon of uniform draws among the prioritized ones
     priority_block: int = 32  # consecutive steps forming a neighbourhood (lazy priorities, O(block) per draw)
+    # draw an update's batch on a thread while the update before it runs (the same draws; not with refresh or
+    # prioritized: those draws read what the update before changes)
+    prefetch: bool = False
 
 
 @allowed(lr="(0, inf)", eps="(0, inf)", max_grad_norm="(0, inf]", weight_decay="[0, inf)", lr_end_factor="[0, 1]")
@@ -118,6 +121,10 @@ class Config:
     # a run directory to continue from its latest checkpoint; a changed setting is applied from there on if config.py's
     # APPLIED_ON_RESUME lists it (total_frames, optim.*, eval.*, log.*, ...), else refused (env, loss, network, seed...)
     resume: str | None = None
+    # a weights file (cut from a run's checkpoint by benchmarks/gpu/cut_weights.py) a new run starts from: its networks,
+    # its counters (env steps, updates: the curve continues), the optimiser's state when the file keeps it; the replay
+    # starts empty
+    init_from: str | None = None
     overwrite: bool = False  # run_dir= may hold a finished run (summary.json, checkpoint): replace its files
     env: EnvConfig = field(default_factory=EnvConfig)
     collector: CollectorConfig = field(default_factory=CollectorConfig)
@@ -188,6 +195,10 @@ class Config:
         if not self.replay.prioritized:
             priority_keys = ("replay.priority_uniform", "replay.priority_block")
             unused.update(dict.fromkeys(priority_keys, "replay.prioritized=false"))
+        else:  # each draw reads the priorities the update before wrote (Trainer.draws_ahead)
+            unused["replay.prefetch"] = "replay.prioritized=true"
+        if self.network.lstm and self.replay.recurrent_state == "refresh":  # draws run the network: Trainer.draws_ahead
+            unused["replay.prefetch"] = "replay.recurrent_state=refresh"
         algorithm_unused = getattr(self.algo, "unused_keys", None)
         return {**unused, **(algorithm_unused(self) if algorithm_unused else {})}
 
@@ -476,6 +487,7 @@ APPLIED_ON_RESUME = (
     "total_frames", "device", "threads",
     "collector.workers", "collector.frames_per_batch",
     "replay.batch_size", "replay.seq_len", "replay.min_size", "replay.recurrent_state",
+    "replay.prefetch",
     "optim.lr", "optim.eps", "optim.max_grad_norm", "optim.weight_decay", "optim.lr_end_factor",
     "eval.interval", "eval.episodes", "eval.max_steps", "eval.background",
     "log.progress", "log.tensorboard", "log.wandb", "log.checkpoint_interval",

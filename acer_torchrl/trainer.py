@@ -8,6 +8,7 @@ The workers keep collecting while the learner trains (``MultiAsyncCollector``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import copy
 import dataclasses
@@ -28,7 +29,7 @@ from torchrl.modules import set_recurrent_mode
 from tqdm import tqdm
 
 from acer_torchrl.agent import Agent
-from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, load_weights, save_checkpoint
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
 from acer_torchrl.commands import shell_command
 from acer_torchrl.config import Config, ConfigError, dump_yaml, resume_changes
@@ -124,6 +125,9 @@ class Trainer:
         self.params = params
         self.replay: Replay = self.make_replay()
         self.online = OnlineWindows(cfg.replay.seq_len)
+        # replay.prefetch: one thread that draws an update plan's next batch while the update in hand runs
+        self._drawer = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="draw-ahead")
+                        if self.draws_ahead() else None)
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
         self.log = MetricsLog(self.run_dir, make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb))
         self.health = Health(self.agent.value_keys, gamma=cfg.gamma,
@@ -136,6 +140,8 @@ class Trainer:
         try:
             if cfg.resume:
                 self._resume()
+            elif cfg.init_from:
+                self._start_from_weights(Path(cfg.init_from))
             self.check_an_update_comes()
         except BaseException:  # refused: the directory is free again at once (not when this object is collected)
             self._run_lock.close()
@@ -167,25 +173,11 @@ class Trainer:
 
     def _resume(self) -> None:
         state, counters = load_checkpoint(self.run_dir, self.replay)
-        try:
-            keys = self.loss.load_state_dict(state["loss"], strict=False)
-            if keys.missing_keys or keys.unexpected_keys:
-                raise RuntimeError(f"missing {_listed(keys.missing_keys)}, unexpected {_listed(keys.unexpected_keys)}")
-            self.optimizer.load_state_dict(state["optimizer"])
-            if self.agent.estimates is not None:
-                self.agent.estimates.load_state_dict(state["estimates"])
-        except (RuntimeError, KeyError, ValueError) as err:
-            raise CheckpointError(
-                f"checkpoint in {self.run_dir} does not match this configuration ({type(err).__name__}: "
-                f"{str(err).splitlines()[0]})"
-            ) from None
+        self.load_learner(state, f"checkpoint in {self.run_dir}", estimates=True)
         torch.set_rng_state(state["torch_rng"])
         cuda_rng = state.get("cuda_rng", [])
         if cuda_rng and torch.cuda.is_available():  # a GPU run resumed on CPU leaves them; more GPUs: the first ones
             torch.cuda.set_rng_state_all(cuda_rng[: torch.cuda.device_count()])
-        for updater, count in zip(self.agent.updaters, state.get("updater_counters", [])):
-            if hasattr(updater, "counter"):
-                updater.counter = count
         self.counters = Counters(**counters)
         self._saved_steps = self.counters.env_steps
         self.counters.restarts += 1
@@ -196,9 +188,50 @@ class Trainer:
         self.sync_acting_policy()
         self.apply_resumed_settings()
 
+    def load_learner(self, state: dict, source: str, estimates: bool) -> None:
+        """The loss's state, the optimiser's (when ``state`` keeps it), with ``estimates`` the agent's stored estimates
+        (V-RACER's), and the target networks' copy counters, from ``state``; a one-line :class:`CheckpointError` naming
+        ``source`` when they do not fit this configuration (another network, another algorithm)."""
+        try:
+            keys = self.loss.load_state_dict(state["loss"], strict=False)
+            if keys.missing_keys or keys.unexpected_keys:
+                raise RuntimeError(f"missing {_listed(keys.missing_keys)}, unexpected {_listed(keys.unexpected_keys)}")
+            if "optimizer" in state:
+                self.optimizer.load_state_dict(state["optimizer"])
+            if estimates and self.agent.estimates is not None:
+                self.agent.estimates.load_state_dict(state["estimates"])
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(
+                f"{source} does not match this configuration ({type(err).__name__}: {str(err).splitlines()[0]})"
+            ) from None
+        for updater, count in zip(self.agent.updaters, state.get("updater_counters", [])):
+            if hasattr(updater, "counter"):
+                updater.counter = count
+
+    def _start_from_weights(self, path: Path) -> None:
+        """A new run from ``init_from``'s weights (:func:`~acer_torchrl.checkpoint.cut_weights`): the networks, the
+        optimiser's state when the file keeps it (else Adam starts afresh), and the counters of the run they were cut
+        from (env steps, updates, episodes, clocks: this run's curve continues that run's, one restart on), its own
+        seed's RNG and schedules; the replay is empty and refills (``replay.min_size`` steps before the replayed
+        updates). A file of another algorithm or env, or of another network, is one line."""
+        cfg = self.cfg
+        weights = load_weights(path)
+        if (weights["algorithm"], weights["env"]) != (cfg.loss, cfg.env.name):
+            raise CheckpointError(f"init_from={path} holds {weights['algorithm']} weights for {weights['env']}, not "
+                                  f"{cfg.loss} on {cfg.env.name}")
+        self.load_learner(weights, f"init_from={path}", estimates=False)
+        self.counters = Counters(**weights["counters"])
+        self.counters.restarts += 1
+        if cfg.total_frames <= self.counters.env_steps:
+            raise ConfigError(f"init_from={path} is at {self.counters.env_steps} env steps: give total_frames > "
+                              f"{self.counters.env_steps} (the run's end, counted from the start of the first run)")
+        self.sync_acting_policy()
+        self.apply_resumed_settings()
+
     def apply_resumed_settings(self) -> None:
         """Set this config's applied settings (:data:`~acer_torchrl.config.APPLIED_ON_RESUME`) on what the checkpoint
-        restored with the saved run's values: the optimiser's hyper-parameters (its state dict holds the old ones)
+        (or ``init_from``'s weights) restored with the saved run's values: the optimiser's hyper-parameters (its state
+        dict holds the old ones)
         and the evaluation and checkpoint schedules (the next multiple of each interval). The others are read from
         ``self.cfg`` at each use, or by the objects built from it in :meth:`__init__` and :meth:`start`."""
         for group in self.optimizer.param_groups:
@@ -222,10 +255,13 @@ class Trainer:
         # not read from the replay: a sweep agent's shared replay is not served yet while its trainer is built
         needed = self.loss.stored_steps_before_first_update(cfg.replay.min_size)
         batch = cfg.collector.frames_per_batch
-        if c.updates == 0 and c.env_steps + math.ceil(remaining / batch) * batch < needed:
+        from_weights = bool(cfg.init_from) and not cfg.resume  # updates taken, but an empty replay to refill
+        stored = 0 if from_weights else c.env_steps
+        if (c.updates == 0 or from_weights) and stored + math.ceil(remaining / batch) * batch < needed:
             raise ConfigError(
                 f"total_frames={cfg.total_frames} ends before the first update: loss={cfg.loss} takes it once {needed} "
-                f"steps are collected (replay.min_size={cfg.replay.min_size}); give total_frames >= {needed}"
+                f"steps are collected (replay.min_size={cfg.replay.min_size}); give total_frames >= "
+                f"{c.env_steps - stored + needed}"
             )
 
     def record_config(self) -> None:
@@ -290,6 +326,44 @@ class Trainer:
             save_learning_curve(self.log, self.run_dir / "learning_curve.png", title)
 
     # ------------------------------------------------------------------ learning
+    def draws_ahead(self) -> bool:
+        """Whether :meth:`planned_batches` draws the next batch during the update in hand (``replay.prefetch``): not
+        when a draw reads what that update changes: the network (``replay.recurrent_state=refresh`` of a recurrent
+        agent: the next batch's start states come from its weights) or the priorities (``replay.prioritized``: the
+        agent's ``after_update`` writes the drawn windows' new ones), nor from a replay other than this run's own
+        :class:`EpisodeReplay` (a sweep's shared replay: its draws are calls to the replay's server)."""
+        cfg = self.cfg.replay
+        reads_the_update = (self.agent.recurrent and cfg.recurrent_state == "refresh") or cfg.prioritized
+        return cfg.prefetch and not reads_the_update and isinstance(self.replay, EpisodeReplay)
+
+    def planned_batches(self, shares: list[float]) -> Iterator[TensorDictBase]:
+        """The batches of an update plan (:meth:`draw_batch` for each share; none while the replay is too small).
+
+        With :meth:`draws_ahead`, the next batch is drawn on the ``draw-ahead`` thread while the caller updates with
+        the one in hand. The draws are the same: one at a time, in the plan's order (the replay's generator is
+        consumed as without it), between the store of the collected batch and the end of the plan, when nothing
+        writes what a draw reads (an update changes the network and the optimiser; V-RACER's ``after_update``
+        writes its estimates beside the replay, read by ``before_update`` on this thread). Close the iterator
+        (``contextlib.closing``): a draw still running is waited for, so that none outlives the plan's step."""
+        if self._drawer is None:
+            yield from (sample for sample in map(self.draw_batch, shares) if sample is not None)
+            return
+        pending: tuple[concurrent.futures.Future, float] | None = None  # the draw asked of the thread, its share
+        try:
+            for share in [*shares, None]:
+                sample = self._drawn(*pending) if pending is not None else None
+                pending = (self._drawer.submit(self.draw_batch, share), share) if share is not None else None
+                if sample is not None:
+                    yield sample
+        finally:
+            if pending is not None and not pending[0].cancel():
+                concurrent.futures.wait([pending[0]])
+
+    def _drawn(self, draw: concurrent.futures.Future, share: float) -> TensorDictBase | None:
+        """The batch of a draw asked of the ``draw-ahead`` thread: its result (waiting for its end), or drawn on this
+        thread when that one has not begun it (no core was free for it during the update)."""
+        return self.draw_batch(share) if draw.cancel() else draw.result()
+
     def draw_batch(self, online_share: float) -> TensorDictBase | None:
         """A batch holding ``online_share`` of the freshest collected windows, the rest from replay."""
         cfg = self.cfg.replay
@@ -455,6 +529,8 @@ class Trainer:
         if self.evaluator is not None:
             self.evaluator.close()
             self.evaluator = None
+        if self._drawer is not None:
+            self._drawer.shutdown()  # idle: step() waits for every draw it asked for
         self._run_lock.close()
 
     def make_evaluator(self) -> BackgroundEvaluator | InlineEvaluator:
@@ -615,12 +691,10 @@ class Trainer:
         done = batch.get(("next", "done"))
         returns += batch.get(("next", "episode_reward"))[done].tolist()
         c.episodes += int(done.sum())
-        for share in self.loss.update_plan(self.rng):
-            sample = self.draw_batch(share)
-            if sample is None:
-                continue
-            for key, value in self.update(sample).items():
-                window.setdefault(key, []).append(value)
+        with contextlib.closing(self.planned_batches(self.loss.update_plan(self.rng))) as samples:
+            for sample in samples:
+                for key, value in self.update(sample).items():
+                    window.setdefault(key, []).append(value)
         self.sync_acting_policy()
         self._collector.update_policy_weights_()
         self._read_clock()

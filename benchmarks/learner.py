@@ -40,6 +40,7 @@ values, the trust region), acting in the workers and evaluation: it is a lower b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import csv
 import datetime
@@ -329,14 +330,19 @@ def update_cost(argv: list[str]) -> None:
 
 
 def timed_updates(trainer: Trainer, updates: int) -> float:
-    """Wall seconds of ``updates`` full updates (draw and update) of ``trainer`` after 10 warm-up ones."""
+    """Wall seconds of ``updates`` full updates (draw and update) of ``trainer`` after 10 warm-up ones, drawn as its
+    loop draws them (``Trainer.planned_batches``: with ``replay.prefetch=true``, during the update before)."""
     shares = [s for _ in range(updates) for s in trainer.loss.update_plan(trainer.rng)][:updates]
     shares += [0.0] * (updates - len(shares))
-    for share in shares[:10]:
-        trainer.update(trainer.draw_batch(share))
+
+    def take(plan: list[float]) -> None:
+        with contextlib.closing(trainer.planned_batches(plan)) as samples:
+            for sample in samples:
+                trainer.update(sample)
+
+    take(shares[:10])
     start = time.perf_counter()
-    for share in shares:
-        trainer.update(trainer.draw_batch(share))
+    take(shares)
     return time.perf_counter() - start
 
 
@@ -449,7 +455,8 @@ def same_numbers(argv: list[str]) -> None:
         PYTHONPATH=<the code before> python benchmarks/learner.py same-numbers ...   # the same line, old code
 
     Collects in the learner's process (``collector.workers=0``: no scheduling between processes, so the run is
-    deterministic), stores each batch and takes the loss's planned updates as ``Trainer.step`` does, until
+    deterministic), stores each batch and takes the loss's planned updates as ``Trainer.step`` does (its
+    ``planned_batches``: with ``replay.prefetch=true``, each next batch drawn during the update before), until
     ``--updates`` updates; prints their CPU time and the SHA-256 of every update's statistics, the loss's final
     state (parameters and buffers) and, for an agent that keeps per-step estimates (V-RACER's ``VRACEREstimates``),
     their statistics and stored columns.
@@ -467,15 +474,13 @@ def same_numbers(argv: list[str]) -> None:
     digest, done, cpu = hashlib.sha256(), 0, 0.0
     while done < args.updates:
         trainer.store(next(batches))
-        for share in trainer.loss.update_plan(trainer.rng):
-            sample = trainer.draw_batch(share)
-            if sample is None:
-                continue
-            start = time.process_time()
-            stats = trainer.update(sample)
-            cpu += time.process_time() - start
-            digest.update(repr(sorted(stats.items())).encode())
-            done += 1
+        with contextlib.closing(trainer.planned_batches(trainer.loss.update_plan(trainer.rng))) as samples:
+            for sample in samples:
+                start = time.thread_time()  # this thread's: not a draw-ahead thread's (replay.prefetch)
+                stats = trainer.update(sample)
+                cpu += time.thread_time() - start
+                digest.update(repr(sorted(stats.items())).encode())
+                done += 1
     collector.shutdown()
     estimates = trainer.agent.estimates
     state = {**trainer.loss.state_dict(), **(estimates.state_dict() if estimates is not None else {})}

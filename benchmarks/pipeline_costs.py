@@ -14,7 +14,8 @@ batch in:
 * ``receive``: inside the collector's iterator, on the main thread's CPU (taking the batch out of the workers'
   hands), and ``wait``: the rest of the time in the iterator (the learner idle, waiting for a batch);
 * ``store``: the loss's preprocessing and the replay write (:meth:`Trainer.store`);
-* ``draw``: drawing the batches of the updates (:meth:`Trainer.draw_batch`);
+* ``draw``: drawing the batches of the updates (:meth:`Trainer.planned_batches`; with ``replay.prefetch=true``
+  the main thread's wait for a batch the ``draw-ahead`` thread drew while the update before ran);
 * ``update``: the updates themselves (:meth:`Trainer.update`: loss, backward, clipping, Adam, target networks);
 * ``push``: the weight push to the workers (``sync_acting_policy`` + ``update_policy_weights_``);
 * ``checkpoint``: periodic checkpoints (listed apart: they come every ``log.checkpoint_interval`` steps);
@@ -70,8 +71,15 @@ class TimedTrainer(Trainer):
     def store(self, batch):
         return self._timed("store", super().store, batch)
 
-    def draw_batch(self, online_share):
-        return self._timed("draw", super().draw_batch, online_share)
+    def planned_batches(self, shares):
+        """The plan's batches, the main thread's time to get each timed as ``draw`` (with ``replay.prefetch``: the
+        wait for the batch the ``draw-ahead`` thread drew during the update before)."""
+        samples = super().planned_batches(shares)
+        try:
+            while (sample := self._timed("draw", next, samples, None)) is not None:
+                yield sample
+        finally:
+            samples.close()
 
     def update(self, batch):
         self.timing = True

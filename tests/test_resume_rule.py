@@ -79,6 +79,7 @@ APPLIED = {
     "replay.seq_len": (None, lambda t: t.cfg.replay.seq_len == t.online.seq_len == t.new["replay.seq_len"]),
     "replay.min_size": (128, lambda t: t.cfg.replay.min_size == 128 and getattr(t.agent.estimates, "n_start", 128) == 128),
     "replay.recurrent_state": ("zero", lambda t: t.cfg.replay.recurrent_state == "zero"),
+    "replay.prefetch": (True, lambda t: t.draws_ahead()),  # the draw-ahead thread made in Trainer.__init__
     "optim.lr": (2e-3, lambda t: t.optimizer.param_groups[0]["lr"] == expected_lr(t)),
     "optim.eps": (0.5, lambda t: all(g["eps"] == 0.5 for g in t.optimizer.param_groups)),
     "optim.weight_decay": (0.25, lambda t: all(g["weight_decay"] == 0.25 for g in t.optimizer.param_groups)),
@@ -238,6 +239,10 @@ def test_settings_a_loss_cannot_use_are_refused(tmp_path, capsys, algo, override
 UNUSED = [
     ("laser", ["network.lstm_hidden=8"], "note: network.lstm_hidden=8 has no effect with network.lstm=false"),
     ("acer", ["replay.recurrent_state=zero"], "note: replay.recurrent_state=zero has no effect with network.lstm=false"),
+    ("laser", ["preset=cartpole_pomdp", "replay.prefetch=true"],
+     "note: replay.prefetch=true has no effect with replay.recurrent_state=refresh"),
+    ("reactor", ["replay.prioritized=true", "replay.prefetch=true"],
+     "note: replay.prefetch=true has no effect with replay.prioritized=true"),
     ("reactor", ["reactor.tislr_c=5"], "note: reactor.tislr_c=5 has no effect with reactor.pg=beta_loo"),
     ("reactor", ["reactor.pg=tislr", "reactor.beta_c=2"], "note: reactor.beta_c=2 has no effect with reactor.pg=tislr"),
     ("laser", ["laser.trust_region=false", "laser.kl_samples=4"],

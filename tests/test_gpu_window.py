@@ -1,0 +1,57 @@
+"""``benchmarks/gpu/window.sh`` on CPU (``DRY=1``: tiny budgets, a MinAtar row, ACER CartPole for Pong): every part
+within the budget, and a second window continues the first one's run from the weights it left (the curve joined)."""
+
+import csv
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def window(out: Path, pong_dir: Path, budget: int, parts: str) -> str:
+    """Run one dry window; its printed summary (it must end within its budget)."""
+    env = {**os.environ, "DRY": "1", "OUT": str(out), "PONG_DIR": str(pong_dir), "PYTHON": sys.executable,
+           "BUDGET_S": str(budget), "PARTS": parts, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(["bash", "benchmarks/gpu/window.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=budget + 60)
+    assert done.returncode == 0, done.stderr
+    seconds = int(re.search(r"== window.sh: (\d+) s of", done.stdout).group(1))
+    assert seconds <= budget, done.stdout
+    return done.stdout
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.integration
+def test_a_dry_window_runs_each_part_and_the_next_one_continues_its_run(tmp_path):
+    pong_dir = tmp_path / "pong-acer"  # the committed results of the windows so far: none yet
+    pong_dir.mkdir()
+    first = window(tmp_path / "first", pong_dir, budget=100, parts="tests rows pong")
+    assert "-- gpu tests: " in first and "overhead (neither update nor wait)" in first
+    assert "-- pong (from scratch)" in first
+    piece = tmp_path / "first" / "pong-acer"
+    assert (piece / "pong-acer.png").is_file()
+    assert len((tmp_path / "first" / "pipeline-costs.jsonl").read_text().splitlines()) == 1
+    for name in ("weights.pt", "pong-acer-metrics.csv"):  # what a session commits after its window
+        shutil.copy(piece / name, pong_dir / name)
+    before = rows(pong_dir / "pong-acer-metrics.csv")
+
+    second = window(tmp_path / "second", pong_dir, budget=45, parts="pong")
+    assert f"-- pong (init_from={pong_dir / 'weights.pt'})" in second
+    config = yaml.safe_load((tmp_path / "second" / "run" / "config.yaml").read_text())
+    assert config["init_from"] == str(pong_dir / "weights.pt")
+    joined = rows(tmp_path / "second" / "pong-acer" / "pong-acer-metrics.csv")
+    assert joined[: len(before)] == before and len(joined) > len(before)
+    steps = [int(r["env_steps"]) for r in joined]
+    updates = [int(r["updates"]) for r in joined]
+    assert steps == sorted(set(steps)) and updates == sorted(updates)

@@ -1,0 +1,108 @@
+"""``init_from=<weights file>``: a new run from the weights cut out of another run's checkpoint
+(``benchmarks/gpu/cut_weights.py``, :func:`acer_torchrl.checkpoint.cut_weights`), as a GPU window continues the
+Pong run of the window before (``benchmarks/gpu/window.sh``): the same policy, the counters carried on, the replay
+refilled; a file that does not fit the run is one line."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from acer_torchrl.checkpoint import CheckpointError, cut_weights
+from acer_torchrl.cli import run
+from acer_torchrl.config import ConfigError, load_config
+from acer_torchrl.evaluation import evaluation_seed
+from acer_torchrl.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["preset=cartpole", "seed=3", "collector.workers=0", "collector.frames_per_batch=48", "replay.min_size=96",
+        "replay.batch_size=8", "network.hidden=16", "eval.background=false", "eval.episodes=2", "eval.max_steps=60",
+        "eval.interval=192", "log.progress=false", "threads=1"]
+
+
+def metrics(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "metrics.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """A tiny ACER CartPole run's weights file and its last metrics row (its final greedy evaluation)."""
+    tmp = tmp_path_factory.mktemp("init-from")
+    run("acer", [*TINY, "total_frames=384", f"run_dir={tmp / 'first'}"])
+    kept = cut_weights(tmp / "first", tmp / "weights.pt")
+    assert kept["optimizer"] and kept["env_steps"] == 384  # CartPole's networks and Adam's moments: a few KB
+    return tmp / "weights.pt", metrics(tmp / "first")[-1]
+
+
+def test_a_run_from_weights_plays_the_saved_policy_and_continues_the_counters(tmp_path, saved):
+    """The new run's policy, before any update, scores the saved run's final greedy return on the same evaluation
+    seed; its counters start at the saved run's, its replay empty; its rows continue the curve."""
+    weights, last = saved
+    steps, updates = int(last["env_steps"]), int(last["updates"])
+    trainer = Trainer(load_config("acer", [*TINY, f"init_from={weights}", "total_frames=576",
+                                           f"run_dir={tmp_path / 'second'}"]))
+    try:
+        assert (trainer.counters.env_steps, trainer.counters.updates, len(trainer.replay)) == (steps, updates, 0)
+        evaluator = trainer.make_evaluator()
+        evaluator.submit(steps, evaluation_seed(3, steps))
+        [(_, mean, _)] = evaluator.drain()
+        evaluator.close()
+    finally:
+        trainer.close()
+    assert mean == float(last["eval_return_mean"])
+    run("acer", [*TINY, f"init_from={weights}", "total_frames=576", f"run_dir={tmp_path / 'third'}"])
+    rows = metrics(tmp_path / "third")
+    assert int(rows[0]["env_steps"]) > steps and int(rows[-1]["env_steps"]) == 576
+    assert int(rows[-1]["updates"]) > updates
+    assert yaml.safe_load((tmp_path / "third" / "config.yaml").read_text())["init_from"] == str(weights)
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    (["loss=laser"], CheckpointError, "holds acer weights for CartPole-v1, not laser on CartPole-v1"),
+    (["network.hidden=32"], CheckpointError, "does not match this configuration ("),
+    (["total_frames=384"], ConfigError, "is at 384 env steps: give total_frames > 384"),
+    (["total_frames=400", "acer.on_policy=false"], ConfigError,
+     "ends before the first update: loss=acer takes it once 96 steps are collected (replay.min_size=96); give "
+     "total_frames >= 480"),
+])
+def test_weights_that_do_not_fit_the_run_are_one_line(tmp_path, saved, overrides, error, message):
+    """Another algorithm, another network, a run already as long as the weights' or too short to refill the replay
+    for an update: refused before anything trains, in one line naming the file."""
+    weights, _ = saved
+    algo = "laser" if "loss=laser" in overrides else "acer"
+    given = [o for o in overrides if o != "loss=laser"]
+    with pytest.raises(error) as err:
+        run(algo, [*TINY, f"init_from={weights}", "total_frames=576", *given, f"run_dir={tmp_path / 'run'}"])
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert error is ConfigError or str(err.value).startswith(f"init_from={weights}")
+
+
+def test_a_file_that_is_not_weights_is_one_line_with_exit_code_2(tmp_path, saved):
+    """A missing file, a file of another kind: the recipe's one error line and exit code 2."""
+    weights, _ = saved
+    not_weights = tmp_path / "metrics.pt"
+    not_weights.write_bytes(b"not a torch file")
+    for path, reason in ((tmp_path / "none.pt", "no such file or directory"), (not_weights, "cannot be read")):
+        out = subprocess.run([sys.executable, str(ROOT / "recipes" / "acer.py"), *TINY, f"init_from={path}",
+                              f"run_dir={tmp_path / path.stem}"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"error: init_from={path}")
+        assert reason in out.stderr
+
+
+def test_cut_weights_leaves_the_optimiser_out_when_it_does_not_fit_and_refuses_larger_networks(tmp_path, saved):
+    """The file keeps the networks first: the optimiser's state only when both fit; networks alone over the limit
+    are one line."""
+    weights, _ = saved
+    first = weights.parent / "first"
+    networks = sum(t.numel() * t.element_size() for t in torch.load(weights)["loss"].values())
+    kept = cut_weights(first, tmp_path / "small.pt", max_bytes=networks + 64)
+    assert not kept["optimizer"] and kept["bytes"] < weights.stat().st_size
+    assert "optimizer" not in torch.load(tmp_path / "small.pt") and "optimizer" in torch.load(weights)
+    with pytest.raises(CheckpointError, match="are .* MB, more than"):
+        cut_weights(first, tmp_path / "tiny.pt", max_bytes=networks // 2)
+    assert not (tmp_path / "tiny.pt").exists()
