@@ -94,6 +94,10 @@ PRESETS: dict[str, dict] = {
         # (mean targets past 1 / (1 - gamma) = 1 000, then swinging) and the greedy policy fell with it;
         # benchmarks/results/learning.md
         "laser.target_update": 50,
+        # 4 updates a batch, not 2: with 2 the critic lagged its policy (mean V-trace target 85-111 at 60k steps,
+        # where a 300-step policy is worth 259) and 3 of tuning seeds 15-25 ended at 258-445; with 4, 10/10 of
+        # seeds 15-24 ended at 500 (benchmarks/results/cartpole-stability.md, 2026-11-27)
+        "laser.updates_per_batch": 4,
     },
     # CartPole without velocities: memory is needed; LSTM state refreshed from each episode's start (App. A.2)
     "cartpole_pomdp": {
