@@ -20,6 +20,7 @@ evaluation process holds no state and is restarted (``evaluation.py``).
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import sys
@@ -212,6 +213,15 @@ class RunGuard:
             yield
         finally:
             signal.signal(signal.SIGUSR2, handler)
+
+
+def end_unfinished_helpers() -> None:
+    """Kill the helper processes that are still starting or ending when a run stops for good (an interrupted
+    start-up, nothing to resume): a child still unpickling its arguments when this process exits finds the
+    parent's semaphores gone and prints a traceback; killed, it ends silently."""
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(timeout=5)
 
 
 def ignore_learner_signals() -> None:

@@ -178,7 +178,8 @@ def test_replay_too_large_for_the_memory_is_refused_before_it_is_allocated(monke
 @pytest.mark.integration
 @pytest.mark.parametrize("algo, presets, key", [
     ("acer", "cartpole, atari, atari_gpu, minatar, mujoco, pendulum (default cartpole)", "acer.replay_ratio=4.0"),
-    ("reactor", "cartpole, cartpole_pomdp, atari, atari_gpu, minatar (default cartpole)", "reactor.pg=beta_loo"),
+    ("reactor", "cartpole, cartpole_pomdp, atari, atari_gpu, minatar, atari_prioritized (default cartpole)",
+     "reactor.pg=beta_loo"),
     ("vracer", "mujoco, pendulum (default pendulum)", "vracer.D=0.1"),
     ("laser", "cartpole, cartpole_pomdp, atari, atari_gpu, minatar, mujoco (default cartpole)",
      "laser.online_share=0.125"),

@@ -37,7 +37,8 @@ from acer_torchrl.config import (
 )
 from acer_torchrl.envs import stacked_frames
 from acer_torchrl.metrics import finish_plot, new_plot
-from acer_torchrl.processes import HELPER_DIED_EXIT_CODE, HelperDied, Interrupted, RunGuard, StopSignals
+from acer_torchrl.processes import (HELPER_DIED_EXIT_CODE, HelperDied, Interrupted, RunGuard, StopSignals,
+                                   end_unfinished_helpers)
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.rundir import SWEEP_FILE, default_run_dir, make_writable_dir
 from acer_torchrl.shared_replay.server import AgentReplay, RemoteReplay, SharedReplay, serve
@@ -289,7 +290,10 @@ def run_sweep(sweep: SweepConfig, overrides: list[str], stop_signals: StopSignal
     try:
         summaries = RunGuard(stop_signals).train_in_turn(trainers)
     except Interrupted as stop:
-        raise Interrupted(stop.signum, stop_line(sweep, sweep_dir)) from None
+        line = stop_line(sweep, sweep_dir)
+        if agent_checkpoints(sweep, sweep_dir) is None:  # nothing to resume: no helper is waited for
+            end_unfinished_helpers()
+        raise Interrupted(stop.signum, line) from None
     except HelperDied as death:
         raise HelperDied(death.what, stop_line(sweep, sweep_dir, stopped="")) from None
     return write_sweep_results(
