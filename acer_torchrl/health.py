@@ -6,9 +6,11 @@ update, its env steps, the statistic and its value there):
 * **Each update** (:meth:`Health.observe`): the trainer hands it the statistics it already converted to floats
   (no extra device syncs): the ``loss_*`` terms, ``grad_norm`` (before clipping) and the loss's value estimates
   (:attr:`~acer_torchrl.objectives.common.ReplayLoss.value_keys`). Each has a running scale that follows it by at
-  most ``GROWTH`` per update (up or down) and never drops below ``FLOOR``. A statistic that is non-finite, or over
-  ``FACTOR`` times its scale for ``PATIENCE`` updates in a row, marks the run diverged. It sees a sudden blow-up;
-  a runaway slower than ``GROWTH`` per update it follows without flagging.
+  most ``GROWTH`` per update (up or down) and never drops below ``FLOOR``; the critic loss's scale never drops below
+  that of a TD error of ``ERROR_SHARE`` of the largest return ``max|r| / (1 - gamma)`` either (a critic that has
+  settled near zero error and then replays a failure it had forgotten has not blown up). A statistic that is
+  non-finite, or over ``FACTOR`` times its scale for ``PATIENCE`` updates in a row, marks the run diverged. It sees
+  a sudden blow-up; a runaway slower than ``GROWTH`` per update it follows without flagging.
 * **Each metrics row** (:meth:`Health.observe_row`): the means of the updates since the last row, as
   ``metrics.csv`` records them, against absolute limits that no running scale can follow. A run is diverged when,
   for ``ROW_PATIENCE`` rows in a row, (a) a value estimate's ``|mean|`` is over ``BOUND_FACTOR`` times the largest
@@ -29,6 +31,7 @@ FACTOR = 100.0  # how far above its running scale a statistic may go
 PATIENCE = 5  # updates in a row it must stay there (a short spike is noise)
 GROWTH = 0.01  # the running scale follows a statistic by at most 1 % per update
 FLOOR = 1.0  # statistics below this magnitude never count as blown up
+ERROR_SHARE = 0.05  # the critic loss's floor: 1/2 (ERROR_SHARE max|r| / (1 - gamma))^2, a TD error of 5 % of the bound
 
 BOUND_FACTOR = 2.0  # a value estimate may reach twice the largest discounted return max|r| / (1 - gamma)
 ENTROPY_SHARE = 0.01  # a discrete policy under 1 % of the uniform policy's entropy log(n) has collapsed
@@ -73,13 +76,21 @@ class Health:
             size = abs(value)
             if not math.isfinite(size):
                 return self._flag(key, value, update, env_steps, "is not finite")
-            scale = self.scale.setdefault(key, max(size, FLOOR))
+            floor = self.floor(key)
+            scale = max(self.scale.setdefault(key, size), floor)
             first = persisting(self.streak, key, size > FACTOR * scale, (update, env_steps, value), PATIENCE)
             if first is not None:
                 return self._flag(key, first[2], first[0], first[1],
                                   f"stayed over {FACTOR:g}x its running scale {scale:.3g} for {PATIENCE} updates")
-            self.scale[key] = max(FLOOR, scale * (1 - GROWTH), min(size, scale * (1 + GROWTH)))
+            self.scale[key] = max(floor, scale * (1 - GROWTH), min(size, scale * (1 + GROWTH)))
         return None
+
+    def floor(self, key: str) -> float:
+        """The lowest running scale of ``key``: ``FLOOR``, for the critic loss at least half the square of a TD
+        error of ``ERROR_SHARE`` of the largest return the rewards seen so far allow (none with ``gamma = 1``)."""
+        if key != "loss_critic" or self.gamma >= 1.0:
+            return FLOOR
+        return max(FLOOR, 0.5 * (ERROR_SHARE * self.reward_max / (1.0 - self.gamma)) ** 2)
 
     def observe_row(self, row: dict[str, float], update: int, env_steps: int) -> str | None:
         """Check a metrics row (the means of the updates since the last row, ``reward_abs_max``, ``reward_scale``

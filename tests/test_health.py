@@ -97,6 +97,27 @@ def test_a_slow_runaway_that_the_running_scale_follows_is_flagged_by_the_bound()
     assert health.summary()["statistic"] in ACER_VALUES and health.summary()["update"] == first["updates"]
 
 
+def settled_critic_then(spike: float, updates: int = 2000) -> list[dict[str, float]]:
+    """A LASER-like CartPole critic whose loss settles from 20 to 2 (its running scale follows it down), then
+    ``spike`` for 10 updates, as when a failure episode it had forgotten is replayed (V steady at 860)."""
+    losses = [max(2.0, 20 * 0.99**t) for t in range(updates)] + [spike] * 10 + [2.0] * 100
+    return [{"loss_critic": loss, "value_target": 860.0, "grad_norm": 30.0} for loss in losses]
+
+
+@pytest.mark.parametrize("spike, status", [(330.0, "ok"), (1e6, "diverged")])
+def test_a_replayed_failure_is_no_blow_up_but_a_critic_error_past_the_bound_is(spike, status):
+    """``python benchmarks/learning.py laser cartpole --seeds 3 --first-seed 3 --frames 300000 ...`` (2026-11-27):
+    seed 5 ended at 500 with a bounded critic, but its per-update watch marked it diverged at 288k steps for a
+    critic loss of 330 held 5 updates, 100x a running scale that had followed the loss down to ~3. A TD error of
+    ~26 on values of ~860 is no blow-up: the critic loss's scale never drops below that of a TD error of 5 % of
+    max|r| / (1 - gamma) (here 1 250); a loss of 1e6 (an error of 1 400, past the bound) is still one."""
+    health = Health(("value_target",), gamma=GAMMA, num_actions=2)
+    health.see_rewards(1.0)
+    for t, stats in enumerate(settled_critic_then(spike), 1):
+        health.observe(stats, t, 16 * t)
+    assert health.summary()["status"] == status
+
+
 # healthy traces: (value keys, gamma, actions) of each; every env here gives a reward of 1 a step
 HEALTHY = {
     "acer-cartpole-seed0-metrics.csv.gz": (ACER_VALUES, GAMMA, 2),
