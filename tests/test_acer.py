@@ -22,7 +22,7 @@ from acer_torchrl.algorithms.acer import SDNAdvantage
 from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.objectives.acer import ACERLoss
 from acer_torchrl.objectives.updaters import FusedSoftUpdate, average_updater, target_updater
-from windows import layout, padded_window
+from windows import layout, padded_window, per_window_mean_abs
 
 GAMMA = 0.9
 B, T = 4, 6
@@ -236,6 +236,17 @@ def test_terminated_and_truncated_windows_give_different_targets():
     assert float(q_trunc[0, 2] - q_term[0, 2]) == pytest.approx(GAMMA * v_next)  # truncation bootstraps
     torch.testing.assert_close(q_term[1:], q_trunc[1:])  # other rows unaffected
     assert float(td["next", "reward"][0, 2]) == pytest.approx(float(q_term[0, 2]))  # terminal: Q^ret = r
+
+
+def test_priority_is_each_windows_mean_abs_error_of_the_alg2_q_ret():
+    """A prioritized replay's priority (Reactor sec. 3.3) on ACER: each window's mean ``|Q^ret - Q(x_t, a_t)|``
+    over its real steps, Q^ret from the plain loop of Alg. 2 (rows that terminate, are truncated and padded)."""
+    td = discrete_batch(seed=4)
+    q_ret, *_ = discrete_reference(td, 10.0)
+    q_taken = td["observation"].detach()[..., A:].gather(-1, td["action"].unsqueeze(-1))[..., 0]
+    out = discrete_loss(trust_region=False)(td)
+    torch.testing.assert_close(out["priority"], per_window_mean_abs(q_ret - q_taken, td["mask"]))
+    assert out["priority"].shape == (B,) and not out["priority"].requires_grad
 
 
 class QFromObsWithBias(nn.Module):

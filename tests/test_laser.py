@@ -22,7 +22,7 @@ from acer_torchrl.envs import EnvInfo
 from acer_torchrl.modules import learning_module, make_torso
 from acer_torchrl.objectives.laser import LASERLoss
 from acer_torchrl.objectives.updaters import target_updater
-from windows import padded_window
+from windows import padded_window, per_window_mean_abs
 
 GAMMA, RHO_BAR, C_BAR = 0.9, 1.5, 1.0
 A, D = 3, 2  # discrete actions; continuous action dims
@@ -103,7 +103,8 @@ def reference_beta_discrete(logits, mu_logits, rho_bar):
     return beta
 
 
-def reference_losses(td, log_pi, value, next_value, entropy, lam, critic_coeff=0.5, entropy_coeff=0.01):
+def reference_losses(td, log_pi, value, next_value, entropy, lam, critic_coeff=0.5, entropy_coeff=0.01,
+                     targets_only=False):
     """The loss written straight from LASER eq. 7 (sum form, not the recursion) and IMPALA sec. 4.2.
 
     ``v_t = V_t + sum_{k=t}^{e} gamma^{k-t} (prod_{i=t}^{k-1} lam_i c_i) lam_k rho_k delta_k`` where ``e`` is
@@ -112,6 +113,7 @@ def reference_losses(td, log_pi, value, next_value, entropy, lam, critic_coeff=0
     ``A_t = lam_t rho_t (r_t + gamma (1 - term_t) v'_{t+1} - V_t)`` with ``v'_{t+1} = v_{t+1}`` inside
     the episode and ``V(s_{t+1})`` at ``e``. Losses: means over the real relevant steps.
     All inputs ``[B, T]``; ``value``/``next_value`` are plain numbers here (targets are constants).
+    ``targets_only``: return the V-trace targets ``v`` ``[B, T]`` instead of the losses.
     """
     mask = td["mask"]
     reward = td["next", "reward"][..., 0]
@@ -144,6 +146,8 @@ def reference_losses(td, log_pi, value, next_value, entropy, lam, critic_coeff=0
                 total += GAMMA ** (k - t) * trace * lamf[b, k] * rho[b, k] * delta(b, k)
                 trace *= lamf[b, k] * c[b, k]
             v[b, t] = V[b, t] + total
+    if targets_only:
+        return v
     for b in range(B):
         for t in range(T):
             e = end_of(b, t)
@@ -196,6 +200,18 @@ def test_discrete_loss_matches_eq7_loop_and_rejects_steps():
     # rejected (and padding) steps contribute exactly zero gradient to their policy statistics and value
     assert torch.all(grad[~lam | ~real] == 0)
     assert torch.all(grad[lam & real].abs().sum(-1) > 0)
+
+
+def test_priority_is_each_windows_mean_abs_error_of_the_eq7_targets():
+    """A prioritized replay's priority (Reactor sec. 3.3) on LASER: each window's mean ``|v_s - V(x_s)|`` over its
+    real steps (rejected ones included), v_s from the eq. 7 loop (rows that terminate, are truncated and padded)."""
+    td = make_batch(A + 1, discrete_stats, seed=3)
+    _, log_pi, value, next_value, _, logits = discrete_terms(td)
+    lam = reference_beta_discrete(logits.detach(), td["behaviour", "logits"], RHO_BAR) < 0.3
+    v = reference_losses(td, log_pi, value, next_value, None, lam, targets_only=True)
+    out = make_loss(discrete=True)(td)
+    torch.testing.assert_close(out["priority"], per_window_mean_abs(v - value, td["mask"]))
+    assert out["priority"].shape == (B,) and not out["priority"].requires_grad
 
 
 def test_time_limit_share_counts_truncations_from_the_keys_the_loss_reads():

@@ -62,3 +62,11 @@ def padded_window(B: int, T: int, obs_dim: int, g: torch.Generator, fields: Call
             td[b, real:] = td[b, real - 1 : real].expand(T - real).clone()
             td["mask"][b, real:] = False
     return td
+
+
+def per_window_mean_abs(error: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B]: a plain loop's mean of ``|error|`` over each window's real steps (``error`` and ``mask`` ``[B, T]``),
+    the priority a prioritized sequence replay gives a window (Reactor sec. 3.3)."""
+    B, T = mask.shape
+    return torch.tensor([sum(abs(float(error[b, t])) for t in range(T) if mask[b, t]) / int(mask[b].sum())
+                         for b in range(B)], dtype=torch.float64)
