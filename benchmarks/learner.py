@@ -46,6 +46,7 @@ import cProfile
 import csv
 import datetime
 import hashlib
+import importlib.metadata
 import itertools
 import json
 import os
@@ -773,18 +774,17 @@ def pfrl_env_steps_per_s(cfg, frames: int) -> float:
     return frames / (time.perf_counter() - start)
 
 
-def import_pfrl(site: Path | None):
-    """pfrl, from ``site`` (a folder it was installed into for this benchmark only) or the path; exits with one line
-    when it is not importable."""
+def import_pfrl(site: Path | None) -> str:
+    """Imports pfrl's ACER from ``site`` (a folder it was installed into for this benchmark only) or the path; its
+    version. Exits with one line when it is not importable."""
     if site is not None:
         sys.path.insert(0, str(site))  # this process only: the recipe's subprocess must not see the old gym
     try:
-        import pfrl
         import pfrl.agents.acer  # noqa: F401  (imports gym)
     except ImportError as error:
         sys.exit(f"learner.py pfrl: pfrl is not importable ({error}); install it for this benchmark only: "
                  "pip install --no-deps --target DIR pfrl==0.4.0 gym==0.26.2, then pass --site DIR")
-    return pfrl
+    return importlib.metadata.version("pfrl")
 
 
 def pfrl_comparison(argv: list[str]) -> None:
@@ -803,7 +803,7 @@ def pfrl_comparison(argv: list[str]) -> None:
     parser.add_argument("--frames", type=int, default=10_000, help="env steps of each pfrl run")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
-    pfrl = import_pfrl(args.site)
+    version = import_pfrl(args.site)
     algo, preset, overrides, frames = PRESETS["acer:cartpole"]
     cfg = load_config(algo, [f"preset={preset}", *overrides])
     torch.set_num_threads(1)
@@ -820,7 +820,7 @@ def pfrl_comparison(argv: list[str]) -> None:
             rates[f"{who}_load"] = round(load, 1)
         rows.append({**{k: round(v, 1) for k, v in rates.items()}, "ratio": round(rates["ours"] / rates["pfrl"], 2)})
         print(json.dumps(rows[-1]), flush=True)
-    print(json.dumps({"pfrl": pfrl.__version__, "torch": torch.__version__,
+    print(json.dumps({"pfrl": version, "torch": torch.__version__,
                       "median_ratio": round(statistics.median(r["ratio"] for r in rows), 2)}))
 
 
