@@ -754,16 +754,18 @@ def shared_adam(model: nn.Module, optim) -> torch.optim.Adam:
     return adam
 
 
-def pfrl_env_steps_per_s(cfg, frames: int) -> float:
-    """Env steps/s of pfrl's ACER trained for ``frames`` steps of one gymnasium env through a plain act/observe loop
-    (pfrl's ``train_agent`` needs the old gym API), its replay's warm-up included as ours is."""
+def pfrl_env_steps_per_s(cfg, frames: int) -> tuple[float, float]:
+    """Env steps per wall second and per CPU second of pfrl's ACER trained for ``frames`` steps of one gymnasium
+    env through a plain act/observe loop (pfrl's ``train_agent`` needs the old gym API), its replay's warm-up
+    included as ours is. Per CPU second: what its one process runs at on a core of its own (a loaded machine
+    slows the wall figure)."""
     import gymnasium
 
     torch.manual_seed(cfg.seed)
     agent = pfrl_agent(cfg)
     env = gymnasium.make(cfg.env.name)
     obs, _ = env.reset(seed=cfg.seed)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # pfrl's own float(tensor) and broadcast warnings
         for _ in range(frames):
@@ -771,7 +773,7 @@ def pfrl_env_steps_per_s(cfg, frames: int) -> float:
             agent.observe(obs, reward, terminated, truncated)
             if terminated or truncated:
                 obs, _ = env.reset()
-    return frames / (time.perf_counter() - start)
+    return frames / (time.perf_counter() - start), frames / (time.process_time() - cpu)
 
 
 def import_pfrl(site: Path | None) -> str:
@@ -789,7 +791,8 @@ def import_pfrl(site: Path | None) -> str:
 
 def pfrl_comparison(argv: list[str]) -> None:
     """ACER CartPole's env steps/s against pfrl's ACER (issue 58: >= 10x), pfrl's run and ours alternated
-    (ABAB, ``--rounds`` pairs): the median of the per-round ratios ours / pfrl.
+    (ABAB, ``--rounds`` pairs): the median of the per-round ratios ours / pfrl (env steps per wall second; pfrl's
+    per CPU second beside them).
 
         python benchmarks/learner.py pfrl --site /work/pfrl-site --frames 10000 --rounds 2
 
@@ -813,7 +816,7 @@ def pfrl_comparison(argv: list[str]) -> None:
         for who in ("pfrl", "ours") if n % 2 == 0 else ("ours", "pfrl"):
             load = os.getloadavg()[0]
             if who == "pfrl":
-                rates[who] = pfrl_env_steps_per_s(cfg, args.frames)
+                rates[who], rates["pfrl_per_cpu_s"] = pfrl_env_steps_per_s(cfg, args.frames)
             else:
                 e2e = end_to_end(algo, preset, overrides, frames)
                 rates[who] = e2e["env_steps"] / e2e["wall_time_s"]
