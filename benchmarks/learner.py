@@ -73,6 +73,7 @@ from acer_torchrl.envs import env_info
 from acer_torchrl.modules import BehaviourSampler, TruncatedGaussian, make_encoder
 from acer_torchrl.objectives.functional import truncated_normal_log_prob
 from acer_torchrl.objectives.names import BEHAVIOUR
+from acer_torchrl.objectives.network_call import NetworkCall
 from acer_torchrl.objectives.refer import gaussian_kl
 from acer_torchrl.objectives.updaters import FusedHardUpdate, FusedSoftUpdate
 from acer_torchrl.replay import TRAJ_KEY
@@ -593,8 +594,37 @@ def plain_sampling(policy: TensorDictSequential) -> Callable[[], None] | None:
     return lambda: policy.module.__setitem__(-1, last)
 
 
+def plain_tensor_call(trainer: Trainer) -> Callable[[], None] | None:
+    """The losses' networks called on TensorDicts (``NetworkCall`` without its ``TensorCall``)."""
+    calls = [c for c in vars(trainer.loss).values() if isinstance(c, NetworkCall) and c.tensors is not None]
+    if not calls:
+        return None
+    saved = [c.tensors for c in calls]
+    for call in calls:
+        call.tensors = None
+    return lambda: [setattr(c, "tensors", t) for c, t in zip(calls, saved)]
+
+
+def plain_direct_step(trainer: Trainer) -> Callable[[], None] | None:
+    """``clip_grad_norm_`` and ``optimizer.step()`` in place of ``DirectStep``'s kernel calls."""
+    step = trainer.direct_step
+    if not step.direct:
+        return None
+    step.direct = False
+    return lambda: setattr(step, "direct", True)
+
+
+def plain_update_path(trainer: Trainer) -> Callable[[], None] | None:
+    """The update path's pieces all in their plain form: :func:`plain_tensor_call` and :func:`plain_direct_step`."""
+    undos = [undo for undo in (plain_tensor_call(trainer), plain_direct_step(trainer)) if undo is not None]
+    return (lambda: [undo() for undo in undos]) if undos else None
+
+
 # each speed-only piece: the switch to its plain form (None: the preset does not use it; else the undo)
 PIECES = {
+    "update-path": plain_update_path,
+    "tensor-call": plain_tensor_call,
+    "direct-step": plain_direct_step,
     "written-out-backward": plain_written_out_backward,
     "written-out-network": plain_written_out_network,
     "fused-updaters": plain_updaters,
