@@ -34,8 +34,8 @@ def takes_direct_kernels(optimizer: torch.optim.Optimizer) -> bool:
 class DirectStep:
     """``torch.nn.utils.clip_grad_norm_(params, max_norm)`` and ``optimizer.step()`` for the learner's fused Adam:
     the same kernels with the same arguments, hence the same bits, without the Python both run around them at every
-    call (grouping every tensor by device and dtype, the step's hooks, profiling and guards, the state look-up). On
-    a small network that Python costs as much as the arithmetic (``benchmarks/results/speed-pieces.md``: "the
+    call (grouping every tensor by device and dtype, the step's hooks, profiling and guards, the state look-up),
+    which on the presets' small networks is a share of the update (``benchmarks/results/speed-pieces.md``: "the
     update path"). The kernels are private torch functions: ``tests/test_optim.py`` compares both calls with
     torch's bit for bit, so a torch release that changes their arguments or arithmetic fails there; a torch without
     them, another optimiser or other Adam settings take torch's own calls (:func:`takes_direct_kernels`, decided
