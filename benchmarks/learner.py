@@ -814,8 +814,8 @@ def import_pfrl(site: Path | None) -> str:
     try:
         import pfrl.agents.acer  # noqa: F401  (imports gym)
     except ImportError as error:
-        sys.exit(f"learner.py pfrl: pfrl is not importable ({error}); install it for this benchmark only: "
-                 "pip install --no-deps --target DIR pfrl==0.4.0 gym==0.26.2, then pass --site DIR")
+        sys.exit(f"error: learner.py pfrl needs pfrl, not importable here ({error}); install it for this benchmark "
+                 "only: pip install --no-deps --target DIR pfrl==0.4.0 gym==0.26.2, then pass --site DIR")
     return importlib.metadata.version("pfrl")
 
 
