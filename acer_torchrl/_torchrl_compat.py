@@ -100,6 +100,15 @@ T1. ``torch._foreach_lerp_`` and ``torch._foreach_copy_``, through :func:`foreac
    Upstream behaviour: the per-pair ``lerp_`` / ``copy_`` of each pair of lists, across devices for ``_foreach_copy_``.
    Fallbacks: ``Tensor.lerp_`` and ``Tensor.copy_`` per pair (the same bits on CPU).
 
+T2. ``torch._foreach_norm``, ``torch._foreach_mul_``, ``torch._foreach_add_`` and ``torch._fused_adam_``, through
+   :func:`has_update_kernels`. Used by ``optim.py``: ``DirectStep``. Why: the kernels of ``clip_grad_norm_`` and of
+   ``torch.optim.Adam(fused=True)`` without the Python around them (``DirectStep``'s docstring).
+   Upstream behaviour: ``clip_grad_norm_`` takes ``_foreach_norm(grads, 2.0)``, the 2-norm of their stack and
+   ``_foreach_mul_(grads, clamp(max_norm / (norm + 1e-6), max=1))``; Adam's ``_fused_adam`` adds 1 to the ``step``
+   tensors with ``_foreach_add_`` and calls ``_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+   steps, amsgrad=, lr=, beta1=, beta2=, weight_decay=, eps=, maximize=, grad_scale=, found_inf=)``;
+   ``tests/test_optim.py`` compares both with torch's calls bit for bit. Fallback (any missing): torch's calls.
+
 Noted for completeness: ``torch.ops.aten.softplus_backward`` (``algorithms/vracer.py``'s written-out backward)
 is an ATen operator, public through ``torch.ops``, not an underscore-named function.
 """
@@ -170,6 +179,11 @@ def collector_worker_starts(around: Callable[[], contextlib.AbstractContextManag
         yield started
     finally:
         _ProcessNoWarnMixin.start = start
+
+
+def has_update_kernels() -> bool:
+    """Whether this torch has the kernels ``optim.DirectStep`` calls (T2)."""
+    return all(hasattr(torch, name) for name in ("_foreach_norm", "_foreach_mul_", "_foreach_add_", "_fused_adam_"))
 
 
 def foreach_lerp_(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: float) -> None:

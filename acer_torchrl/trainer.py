@@ -40,7 +40,7 @@ from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, m
                                   read_summary, save_learning_curve, write_summary)
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.objectives.names import PRIORITY_KEY, PRIORITY_WEIGHT_KEY
-from acer_torchrl.optim import adam_settings
+from acer_torchrl.optim import DirectStep, adam_settings
 from acer_torchrl.processes import RunGuard, StopSignals
 from acer_torchrl.priority_tree import SequencePriorities
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay, unprioritized
@@ -122,6 +122,7 @@ class Trainer:
         params = [p for p in self.loss.parameters() if p.requires_grad]
         # fused: one kernel for all parameters
         self.optimizer = torch.optim.Adam(params, **adam_settings(cfg.optim), fused=True)
+        self.direct_step = DirectStep(self.optimizer)  # clipping and the step: torch's kernels without their Python
         self.params = params
         self.replay: Replay = self.make_replay()
         self.online = OnlineWindows(cfg.replay.seq_len)
@@ -408,7 +409,7 @@ class Trainer:
         grad_norm = self.clip_gradients()
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
-        self.optimizer.step()
+        self.direct_step.step()
         for updater in self.agent.updaters:
             updater.step()
         self.counters.updates += 1
@@ -425,7 +426,7 @@ class Trainer:
     def clip_gradients(self) -> torch.Tensor:
         """Clip the gradients' global norm at ``optim.max_grad_norm`` (``inf``: no clipping); returns the norm before
         clipping (logged)."""
-        return torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
+        return self.direct_step.clip(self.cfg.optim.max_grad_norm)
 
     def fill_replay(self, steps: int, batches: Iterator[TensorDictBase] | None = None) -> None:
         """Store collected batches until the replay holds at least ``steps`` env steps, taking no update: a filled

@@ -6,10 +6,11 @@
     python benchmarks/learner.py phase <run dir> [more run dirs] [--from 25000]
     python benchmarks/learner.py same-numbers <algo> <preset> [--updates 1500] [key=value ...]
     python benchmarks/learner.py pieces <algo> <preset> [--rounds 10] [--updates 50] [--only PIECE ...] [key=value ...]
+    python benchmarks/learner.py pfrl --site <dir with pfrl 0.4.0 and gym> [--frames 10000] [--rounds 2]
 
 ``update`` (the CPU time of one update), ``devices`` (updates/s on each device), ``phase`` (env steps/s of runs
-once learning), ``same-numbers`` (a speed-up changed no number) and ``pieces`` (what each speed-only piece buys) are
-told in their functions' docstrings
+once learning), ``same-numbers`` (a speed-up changed no number), ``pieces`` (what each speed-only piece buys) and
+``pfrl`` (ACER CartPole's env steps/s against pfrl's ACER) are told in their functions' docstrings
 (``--help`` prints them). With no such word first, the end-to-end comparison with the floor:
 
 For each preset, one after the other on the same cores:
@@ -45,6 +46,7 @@ import cProfile
 import csv
 import datetime
 import hashlib
+import importlib.metadata
 import itertools
 import json
 import os
@@ -55,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -70,6 +73,7 @@ from acer_torchrl.envs import env_info
 from acer_torchrl.modules import BehaviourSampler, TruncatedGaussian, make_encoder
 from acer_torchrl.objectives.functional import truncated_normal_log_prob
 from acer_torchrl.objectives.names import BEHAVIOUR
+from acer_torchrl.objectives.network_call import NetworkCall
 from acer_torchrl.objectives.refer import gaussian_kl
 from acer_torchrl.objectives.updaters import FusedHardUpdate, FusedSoftUpdate
 from acer_torchrl.replay import TRAJ_KEY
@@ -590,8 +594,37 @@ def plain_sampling(policy: TensorDictSequential) -> Callable[[], None] | None:
     return lambda: policy.module.__setitem__(-1, last)
 
 
+def plain_tensor_call(trainer: Trainer) -> Callable[[], None] | None:
+    """The losses' networks called on TensorDicts (``NetworkCall`` without its ``TensorCall``)."""
+    calls = [c for c in vars(trainer.loss).values() if isinstance(c, NetworkCall) and c.tensors is not None]
+    if not calls:
+        return None
+    saved = [c.tensors for c in calls]
+    for call in calls:
+        call.tensors = None
+    return lambda: [setattr(c, "tensors", t) for c, t in zip(calls, saved)]
+
+
+def plain_direct_step(trainer: Trainer) -> Callable[[], None] | None:
+    """``clip_grad_norm_`` and ``optimizer.step()`` in place of ``DirectStep``'s kernel calls."""
+    step = trainer.direct_step
+    if not step.direct:
+        return None
+    step.direct = False
+    return lambda: setattr(step, "direct", True)
+
+
+def plain_update_path(trainer: Trainer) -> Callable[[], None] | None:
+    """The update path's pieces all in their plain form: :func:`plain_tensor_call` and :func:`plain_direct_step`."""
+    undos = [undo for undo in (plain_tensor_call(trainer), plain_direct_step(trainer)) if undo is not None]
+    return (lambda: [undo() for undo in undos]) if undos else None
+
+
 # each speed-only piece: the switch to its plain form (None: the preset does not use it; else the undo)
 PIECES = {
+    "update-path": plain_update_path,
+    "tensor-call": plain_tensor_call,
+    "direct-step": plain_direct_step,
     "written-out-backward": plain_written_out_backward,
     "written-out-network": plain_written_out_network,
     "fused-updaters": plain_updaters,
@@ -711,8 +744,121 @@ def report_piece(algo: str, preset: str, overrides: list[str], name: str, ratios
 
 
 
+def pfrl_agent(cfg):
+    """pfrl's ACER with the ``acer cartpole`` preset's settings where pfrl has them (``results/learner.md`` lists
+    those it has not): the preset's torso (``network.hidden``, ReLU) under a policy and a Q head, Adam with the
+    preset's step size, its own ``EpisodicReplayBuffer``."""
+    from pfrl.agents.acer import ACER, ACERDiscreteActionHead
+    from pfrl.policies import SoftmaxCategoricalHead
+    from pfrl.q_functions import DiscreteActionValueHead
+    from pfrl.replay_buffers import EpisodicReplayBuffer
+
+    info = env_info(cfg.env)
+    encoder = make_encoder(info, cfg.network.hidden, cfg.network.activation)
+    policy_head = nn.Linear(encoder.out_dim, info.num_actions)
+    nn.init.orthogonal_(policy_head.weight, gain=0.01)  # as ours: near the uniform policy
+    nn.init.zeros_(policy_head.bias)
+    model = nn.Sequential(encoder, ACERDiscreteActionHead(
+        pi=nn.Sequential(policy_head, SoftmaxCategoricalHead()),
+        q=nn.Sequential(nn.Linear(encoder.out_dim, info.num_actions), DiscreteActionValueHead())))
+    model.share_memory()  # pfrl's ACER asserts its shared model and optimiser state are in shared memory
+    a = cfg.algo
+    agent = ACER(model, shared_adam(model, cfg.optim), t_max=cfg.replay.seq_len, gamma=cfg.gamma,
+                 replay_buffer=EpisodicReplayBuffer(cfg.replay.capacity), beta=a.entropy_coeff,
+                 Q_loss_coef=a.critic_coeff, trust_region_alpha=a.alpha, trust_region_delta=a.delta,
+                 truncation_threshold=a.c, n_times_replay=round(a.replay_ratio), replay_start_size=cfg.replay.min_size,
+                 max_grad_norm=cfg.optim.max_grad_norm)
+    agent.process_idx = 0  # as pfrl's train_agent_async names its first (here only) process
+    return agent
+
+
+def shared_adam(model: nn.Module, optim) -> torch.optim.Adam:
+    """``torch.optim.Adam`` with ``optim``'s settings and its state made up front in shared memory (pfrl ships only
+    a shared RMSprop; Adam makes its state at the first step, outside shared memory)."""
+    adam = torch.optim.Adam(model.parameters(), lr=optim.lr, eps=optim.eps)
+    for param in model.parameters():
+        adam.state[param] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param),
+                             "exp_avg_sq": torch.zeros_like(param)}
+        for value in adam.state[param].values():
+            value.share_memory_()
+    return adam
+
+
+def pfrl_env_steps_per_s(cfg, frames: int) -> tuple[float, float]:
+    """Env steps per wall second and per CPU second of pfrl's ACER trained for ``frames`` steps of one gymnasium
+    env through a plain act/observe loop (pfrl's ``train_agent`` needs the old gym API), its replay's warm-up
+    included as ours is. Per CPU second: what its one process runs at on a core of its own (a loaded machine
+    slows the wall figure)."""
+    import gymnasium
+
+    torch.manual_seed(cfg.seed)
+    agent = pfrl_agent(cfg)
+    env = gymnasium.make(cfg.env.name)
+    obs, _ = env.reset(seed=cfg.seed)
+    start, cpu = time.perf_counter(), time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # pfrl's own float(tensor) and broadcast warnings
+        for _ in range(frames):
+            obs, reward, terminated, truncated, _ = env.step(agent.act(obs))
+            agent.observe(obs, reward, terminated, truncated)
+            if terminated or truncated:
+                obs, _ = env.reset()
+    return frames / (time.perf_counter() - start), frames / (time.process_time() - cpu)
+
+
+def import_pfrl(site: Path | None) -> str:
+    """Imports pfrl's ACER from ``site`` (a folder it was installed into for this benchmark only) or the path; its
+    version. Exits with one line when it is not importable."""
+    if site is not None:
+        sys.path.insert(0, str(site))  # this process only: the recipe's subprocess must not see the old gym
+    try:
+        import pfrl.agents.acer  # noqa: F401  (imports gym)
+    except ImportError as error:
+        sys.exit(f"error: learner.py pfrl needs pfrl, not importable here ({error}); install it for this benchmark "
+                 "only: pip install --no-deps --target DIR pfrl==0.4.0 gym==0.26.2, then pass --site DIR")
+    return importlib.metadata.version("pfrl")
+
+
+def pfrl_comparison(argv: list[str]) -> None:
+    """ACER CartPole's env steps/s against pfrl's ACER (issue 58: >= 10x), pfrl's run and ours alternated
+    (ABAB, ``--rounds`` pairs): the median of the per-round ratios ours / pfrl (env steps per wall second; pfrl's
+    per CPU second beside them).
+
+        python benchmarks/learner.py pfrl --site /work/pfrl-site --frames 10000 --rounds 2
+
+    Ours: the ``acer cartpole`` recipe as a user runs it (its workers and evaluations, its 50 000 steps; the
+    end-to-end run of the floor comparison). pfrl: :func:`pfrl_env_steps_per_s` in this process, one thread (the
+    learner's on this 2-core machine), the preset's settings where pfrl has them (:func:`pfrl_agent`).
+    """
+    parser = argparse.ArgumentParser(prog="learner.py pfrl", description=pfrl_comparison.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--site", type=Path, default=None, help="folder pfrl 0.4.0 and gym were installed into")
+    parser.add_argument("--frames", type=int, default=10_000, help="env steps of each pfrl run")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    version = import_pfrl(args.site)
+    algo, preset, overrides, frames = PRESETS["acer:cartpole"]
+    cfg = load_config(algo, [f"preset={preset}", *overrides])
+    torch.set_num_threads(1)
+    rows = []
+    for n in range(args.rounds):
+        rates = {}
+        for who in ("pfrl", "ours") if n % 2 == 0 else ("ours", "pfrl"):
+            load = os.getloadavg()[0]
+            if who == "pfrl":
+                rates[who], rates["pfrl_per_cpu_s"] = pfrl_env_steps_per_s(cfg, args.frames)
+            else:
+                e2e = end_to_end(algo, preset, overrides, frames)
+                rates[who] = e2e["env_steps"] / e2e["wall_time_s"]
+            rates[f"{who}_load"] = round(load, 1)
+        rows.append({**{k: round(v, 1) for k, v in rates.items()}, "ratio": round(rates["ours"] / rates["pfrl"], 2)})
+        print(json.dumps(rows[-1]), flush=True)
+    print(json.dumps({"pfrl": version, "torch": torch.__version__,
+                      "median_ratio": round(statistics.median(r["ratio"] for r in rows), 2)}))
+
+
 COMMANDS = {"update": update_cost, "devices": device_updates, "phase": learning_phases,
-            "same-numbers": same_numbers, "pieces": pieces}
+            "same-numbers": same_numbers, "pieces": pieces, "pfrl": pfrl_comparison}
 
 
 def main() -> None:

@@ -473,6 +473,29 @@ def test_continuous_gradient_wrt_phi_is_eq16(learned_scale, trust_region):
 
 
 # ---------------------------------------------------------------------------------------------- plumbing
+class NotPlainModule(TensorDictModule):
+    """A TensorDictModule subclass: the loss calls it with TensorDicts (network_call.NetworkCall), not on tensors."""
+
+
+@pytest.mark.filterwarnings("ignore:No target network updater")  # the loss alone: its test steps no updater
+@pytest.mark.parametrize("trust_region", [False, True])
+def test_networks_called_on_tensors_or_tensordicts_give_the_same_loss(trust_region):
+    """The feed-forward networks and their bootstrap rows go through the network as tensors (network_call.
+    TensorCall, common.evaluate_with_next_steps); an actor that needs a TensorDict takes them as one: the same
+    outputs and gradients to the last bit."""
+    td = discrete_batch(seed=3)
+    assert td["next", "done"].any() and not td["next", "terminated"].all()
+    plain = discrete_loss(trust_region=trust_region)
+    other = ACERLoss(
+        NotPlainModule(LogitsFromObs(), ["observation"], ["logits"]),
+        TensorDictModule(QFromObs(), ["observation"], ["action_value"]),
+        discrete=True, gamma=GAMMA, entropy_coeff=0.0, trust_region=trust_region,
+    )
+    assert plain._actor_critic.tensors is not None and other._actor_critic.tensors is None
+    for ours, theirs in zip(grads(plain, td), grads(other, td.clone())):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
 def test_update_plan_follows_algorithm_1():
     rng = np.random.default_rng(0)
     loss = discrete_loss(replay_ratio=4.0, trust_region=False)

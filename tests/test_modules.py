@@ -76,11 +76,20 @@ def test_greedy_under_deterministic_exploration(kind):
     assert not torch.allclose(draws[0], draws[1])  # random again outside the greedy context
 
 
-def test_a_chain_of_networks_gives_its_tensordict_calls_outputs_from_a_tensordict_or_tensors():
+class NotPlain(TensorDictModule):
+    """A TensorDictModule subclass: TensorCall does not know what its forward adds, so it is called with TensorDicts."""
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_a_chain_of_networks_gives_its_tensordict_calls_outputs_from_a_tensordict_or_tensors(plain):
+    """Plain modules are called on tensors (TensorCall), any other chain on TensorDicts: the same outputs."""
     torch.manual_seed(0)
-    actor = TensorDictSequential(TensorDictModule(nn.Linear(4, 8), in_keys=["observation"], out_keys=["core"]))
+    kind = TensorDictModule if plain else NotPlain
+    actor = TensorDictSequential(kind(nn.Linear(4, 8), in_keys=["observation"], out_keys=["core"]))
     critic = TensorDictModule(nn.Linear(8, 2), in_keys=["core"], out_keys=[("critic", "q")])
     call = NetworkCall(actor, critic)
+    assert (call.tensors is not None) == plain
+    assert call.tensors is None or call.tensors.in_keys == ["observation"]
     obs = torch.randn(5, 4)
     expected = critic(actor(TensorDict({"observation": obs, "other": torch.zeros(5)}, batch_size=[5])))
     for inputs in (TensorDict({"observation": obs, "other": torch.zeros(5)}, batch_size=[5]), {"observation": obs}):

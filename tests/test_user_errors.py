@@ -4,6 +4,7 @@ Every mistake ends before any work with one ``error:`` line naming the key and t
 no traceback; runs write only inside their run dir and never into an old run's; a diverging run says so.
 """
 
+import importlib.util
 import json
 import os
 import random
@@ -361,6 +362,18 @@ def test_a_benchmark_refuses_to_overwrite_a_committed_result_before_any_run(tmp_
                                                          "give another --name, or --replace")
     assert (results / "acer-cartpole.json").read_text() == "{}" and not (tmp_path / "runs").exists()
     assert sorted(p.name for p in results.iterdir()) == ["acer-cartpole.json"]
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(importlib.util.find_spec("pfrl") is not None, reason="pfrl is importable here")
+def test_the_pfrl_benchmark_without_pfrl_says_how_to_install_it_in_one_line(tmp_path):
+    """pfrl is installed for ``benchmarks/learner.py pfrl`` alone (``--site``), never for the tests: without it the
+    benchmark ends in one line that says how, no traceback."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learner.py"), "pfrl", "--site", str(tmp_path)],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and proc.stdout == "" and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: learner.py pfrl needs pfrl") and "--site DIR" in lines[0]
 
 
 def test_the_sweep_recipe_takes_help_anywhere_and_names_its_interpreter(tmp_path):

@@ -231,7 +231,8 @@ def evaluate_with_next_steps(
 ) -> tuple[Mapping, Mapping | None]:
     """The network ``evaluate`` on every step of ``inputs`` (``[B, T]``) and on ``s_{t+1}`` of the
     ``bootstrap`` steps of ``td`` (``[N]``, None when there are none), as :func:`next_state_values` defines it;
-    its outputs (TensorDicts, as :class:`~acer_torchrl.objectives.network_call.NetworkCall` returns them).
+    its outputs by key: TensorDicts, or dicts of tensors where
+    :class:`~acer_torchrl.objectives.network_call.NetworkCall` calls the network on tensors.
 
     Feed-forward networks take both in one pass: the ``N`` stored next observations appended to the
     ``B * T`` steps (one forward instead of two; the appended rows feed only detached targets, so the
@@ -251,4 +252,6 @@ def evaluate_with_next_steps(
         now = inputs.get(key)
         steps[key] = torch.cat([now.reshape(n, *now.shape[inputs.ndim:]), td.get(("next", key))[rows]], 0)
     out = evaluate(steps)
-    return out[:n].reshape(inputs.shape), out[n:]
+    if isinstance(out, TensorDictBase):
+        return out[:n].reshape(inputs.shape), out[n:]
+    return {k: v[:n].reshape(*inputs.shape, *v.shape[1:]) for k, v in out.items()}, {k: v[n:] for k, v in out.items()}
