@@ -1,4 +1,5 @@
-"""Learning benchmark: several seeds of one recipe, a curve plot and a row in ``results/learning.md``.
+"""Learning benchmark: several seeds of one recipe, a curve plot, a row in ``results/learning.md`` and the row's
+record, its line of ``results/learning-rows.jsonl`` (by its name).
 
     python benchmarks/learning.py <algo> <preset> --seeds 5 --frames 50000 --threshold 475 [--parallel 2] [key=value ...]
     python benchmarks/learning.py <algo> <preset> ... --resume runs/benchmarks/<name>-<date>   # after a stop
@@ -39,6 +40,7 @@ from acer_torchrl.metrics import FINAL_WINDOW, final_score, finish_plot, new_plo
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+ROWS = "learning-rows.jsonl"  # every row's record (per-seed scores, curves, command...), one JSON line each, by name
 
 
 INTERRUPTED = threading.Event()  # a seed's run was stopped by SIGINT / SIGTERM: start no further seed
@@ -146,6 +148,25 @@ def plot(results: list[dict], path: Path, title: str, threshold: float | None) -
     finish_plot(fig, ax, path, title, "env steps", "greedy evaluation return", threshold)
 
 
+def read_rows(path: Path) -> dict[str, dict]:
+    """The row records of ``path`` (a ``learning-rows.jsonl``) by their ``name``, in file order; none when it is
+    missing."""
+    if not path.exists():
+        return {}
+    records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {record["name"]: record for record in records}
+
+
+def write_row(path: Path, row: dict) -> None:
+    """``row`` as its line of ``path``: the line of the same name replaced in place, else a new last line. The file
+    is written whole and atomically (a benchmark killed meanwhile leaves every row as before)."""
+    rows = read_rows(path)
+    rows[row["name"]] = row
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(record) + "\n" for record in rows.values()))
+    os.replace(tmp, path)
+
+
 def benchmark(argv: list[str]) -> None:
     """Several seeds of one recipe, their row and curves (the module's docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -163,13 +184,15 @@ def benchmark(argv: list[str]) -> None:
                         help="a killed benchmark's directory (<runs>/<name>-<date>): finished seeds are read, "
                              "the others resume from their checkpoints, missing ones start")
     parser.add_argument("--results", type=Path, default=RESULTS,
-                        help="where the row's <name>.json/.png go and learning.md is extended (default %(default)s)")
+                        help=f"where the row's line of {ROWS} and its <name>.png go and learning.md is extended "
+                             "(default %(default)s)")
     parser.add_argument("--replace", action="store_true",
-                        help="overwrite an existing <name>.json/.png (refused otherwise: they back a committed row)")
+                        help=f"replace the row's line of {ROWS} and its <name>.png (refused otherwise: they back "
+                             "a committed row)")
     args, extra = parser.parse_known_args(argv)
     name = args.name or f"{args.algo}-{args.preset}"
-    if (args.results / f"{name}.json").exists() and not args.replace:
-        parser.error(f"{args.results / name}.json already holds a result: give another --name, or --replace")
+    if name in read_rows(args.results / ROWS) and not args.replace:
+        parser.error(f"{args.results / ROWS} already holds a row {name}: give another --name, or --replace")
     require_rliable()
     bench_dir = args.resume or args.runs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume is not None and not args.resume.is_dir():
@@ -219,8 +242,8 @@ def benchmark(argv: list[str]) -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU" if not _has_cuda() else "GPU",
         "date": time.strftime("%Y-%m-%d"),
     }
-    (args.results / f"{name}.json").write_text(json.dumps(row, indent=2))
-    append_markdown(row, args.results / "learning.md")
+    write_row(args.results / ROWS, row)
+    put_markdown_row(row, args.results / "learning.md")
     print(json.dumps({k: v for k, v in row.items() if k != "curves"}, indent=2))
 
 
@@ -240,7 +263,7 @@ def _has_cuda() -> bool:
 HEADER = (
     "# Learning results\n\n"
     "One row per benchmark run (newest last); produced by `benchmarks/learning.py`, curves in `<name>.png`, every "
-    "seed's evaluations in `<name>.json`.\n"
+    f"seed's evaluations in the row's line of `{ROWS}` (its `name`).\n"
     "**Final score**: a run's mean greedy return over the last 10 % of its env steps (at least 3 evaluations of "
     "`eval.episodes` episodes, the last included). Across seeds: interquartile mean (IQM) with its 95 % "
     "stratified-bootstrap confidence interval (rliable; with 3 seeds it is exactly their [min, max] and the IQM "
@@ -253,8 +276,9 @@ HEADER = (
 
 
 def markdown_row(row: dict) -> str:
-    """``row`` (the benchmark's JSON record) as a line of the results table. A row of 3 seeds says that its CI is
-    their [min, max] and its IQM their mean (:func:`iqm_with_ci`): the interval adds nothing to the seeds."""
+    """``row`` (the benchmark's JSON record) as a line of the results table, its name linking its curves and its
+    record (its line of ``learning-rows.jsonl``). A row of 3 seeds says that its CI is their [min, max] and its IQM
+    their mean (:func:`iqm_with_ci`): the interval adds nothing to the seeds."""
     steps = ", ".join("-" if s is None else str(s) for s in row["steps_to_threshold"]) or "n/a"
     rejudged = " re-judged" if "threshold_note" in row else ""  # against another bar than its command's (the note)
     thr = (f" (>= {row['threshold']:g}{rejudged}, {row['frames']} steps)" if row["threshold"] is not None
@@ -263,15 +287,17 @@ def markdown_row(row: dict) -> str:
     low, high = row["final_score_ci95"]
     three = " (3 seeds: mean [min, max])" if len(row["final_score_per_seed"]) == 3 else ""
     return (
-        f"| [{row['name']}]({row['name']}.png){thr} | {row['final_score_iqm']} [{low}, {high}]{three}{failed} | "
+        f"| [{row['name']}]({row['name']}.png) ([record]({ROWS}#{row['name']})){thr} | "
+        f"{row['final_score_iqm']} [{low}, {high}]{three}{failed} | "
         f"{', '.join(str(v) for v in row['final_score_per_seed'])} | {row['final_score_at_threshold']} | {steps} | "
         f"{row['wall_time_s_per_seed']} | {row['env_steps_per_s']} | {row['machine']}, {row['date']} | "
         f"`{row['command']}` |"
     )
 
 
-def append_markdown(row: dict, path: Path) -> None:
-    """Add ``row`` as the last line of the results table in ``path`` (the notes below the table stay below it)."""
+def put_markdown_row(row: dict, path: Path) -> None:
+    """``row`` as its line of the results table in ``path``: in place of the line of the same name (``--replace``:
+    the figures it showed have no record any more), else the table's last line (the notes below it stay below)."""
     if not path.exists():
         path.write_text(HEADER)
     line = markdown_row(row)
@@ -279,7 +305,12 @@ def append_markdown(row: dict, path: Path) -> None:
     end = lines.index(next(text for text in lines if text.startswith("| benchmark |")))  # the results table's header
     while end + 1 < len(lines) and lines[end + 1].startswith("|"):  # not the tables of the notes below it
         end += 1
-    lines.insert(end + 1, line)
+    same_name = f"| [{row['name']}]({row['name']}.png) "
+    replaced = next((i for i in range(end + 1) if lines[i].startswith(same_name)), None)
+    if replaced is None:
+        lines.insert(end + 1, line)
+    else:
+        lines[replaced] = line
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -313,9 +344,8 @@ def row_name(algo: str, game: str) -> str:
 
 
 def finished_row(algo: str, game: str) -> dict | None:
-    """The finished row's record (``learning.py``'s JSON), or None where there is none."""
-    path = RESULTS / f"{row_name(algo, game)}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    """The finished row's record (its line of ``learning-rows.jsonl``), or None where there is none."""
+    return read_rows(RESULTS / ROWS).get(row_name(algo, game))
 
 
 def finished_scores(algo: str, game: str) -> list[float] | None:
@@ -428,8 +458,8 @@ def minatar_summary() -> None:
 
         python benchmarks/learning.py minatar   # needs rliable: .venv/bin/pip install -c constraints.txt -e '.[bench]'
 
-    Reads the rows ``benchmarks/learning.py`` committed (``benchmarks/results/<name>.json``: per-seed final scores,
-    each the mean of the greedy evaluations over the last 10 % of the run's env steps) and writes
+    Reads the rows ``benchmarks/learning.py`` committed (their lines of ``benchmarks/results/learning-rows.jsonl``:
+    per-seed final scores, each the mean of the greedy evaluations over the last 10 % of the run's env steps) and writes
     ``benchmarks/results/minatar.md`` (the table), ``minatar-aggregates.png`` (IQM, median and mean of the
     normalised scores with 95 % stratified-bootstrap CIs) and ``minatar-profiles.png`` (performance profiles).
     A game an algorithm has no finished row for shows ``-`` (or the seeds a partial record holds, marked partial);

@@ -1,6 +1,7 @@
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +34,12 @@ def slurm_cluster() -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true: {message}", pytrace=False)
     pytest.skip(message)
+
+
+@pytest.fixture
+def learning(monkeypatch):
+    """``benchmarks/learning.py`` as a module (the benchmarks are scripts, not a package)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import learning
+
+    return learning

@@ -1,5 +1,7 @@
-"""The README and the pages of docs/: their code examples run, their tables are well formed, their links resolve."""
+"""The README and the pages of docs/: their code examples run, their tables are well formed, their links resolve;
+the results pages' links resolve, and every learning row they show has its record."""
 
+import json
 import re
 from pathlib import Path
 
@@ -33,6 +35,9 @@ def test_prose_lines_are_at_most_200_characters():
 
 ROOT = README.parent
 GUIDES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+RESULTS = ROOT / "benchmarks" / "results"
+PAGES = [*GUIDES, *sorted(RESULTS.glob("*.md"))]
+ROW_RECORDS = RESULTS / "learning-rows.jsonl"  # benchmarks/learning.py's record of each row, one line by name
 
 
 def table_rows(text: str) -> list[tuple[int, list[str]]]:
@@ -80,16 +85,45 @@ def test_every_table_is_well_formed(page):
     assert malformed_rows(page.read_text()) == [], f"{page.name}: rows whose cells do not match their header"
 
 
-def local_links(page: Path) -> list[str]:
-    """The targets of ``page``'s Markdown links that are files of this repository (no URL, no in-page anchor)."""
+def local_targets(page: Path) -> list[str]:
+    """The targets of ``page``'s Markdown links to files of this repository (no URL, no in-page anchor), each
+    with its ``#fragment`` if it has one."""
     targets = re.findall(r"\]\(([^)\s]+)\)", page.read_text())
-    return [t.split("#", 1)[0] for t in targets if not re.match(r"[a-z]+:|#", t)]
+    return [t for t in targets if not re.match(r"[a-z]+:|#", t)]
 
 
-@pytest.mark.parametrize("page", GUIDES, ids=lambda p: p.name)
+def local_links(page: Path) -> list[str]:
+    """The files of this repository ``page`` links to."""
+    return [t.split("#", 1)[0] for t in local_targets(page)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_link_resolves(page):
     missing = [t for t in local_links(page) if not (page.parent / t).exists()]
     assert not missing, f"{page.name} links to files that do not exist: {missing}"
+
+
+def shown_rows(page: Path) -> list[str]:
+    """The learning rows ``page`` shows: the ``<row>.png`` curves it links in benchmarks/results/ (not the MinAtar
+    summary's ``minatar-*`` plots, not ``gpu/``) and the ``learning-rows.jsonl#<row>`` records it links."""
+    rows = []
+    for target in local_targets(page):
+        path, _, fragment = target.partition("#")
+        file = (page.parent / path).resolve()
+        if file.parent == RESULTS and file.suffix == ".png" and not file.name.startswith("minatar-"):
+            rows.append(file.stem)
+        elif file == ROW_RECORDS and fragment:
+            rows.append(fragment)
+    return rows
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_row_a_page_shows_has_its_record(page):
+    """A figure's source: each learning row a page shows (its curve or its record linked) is a line of
+    learning-rows.jsonl, the seeds' scores, evaluations and command that the row's figures come from."""
+    recorded = {json.loads(line)["name"] for line in ROW_RECORDS.read_text().splitlines()}
+    missing = [row for row in shown_rows(page) if row not in recorded]
+    assert not missing, f"{page.name} shows rows that {ROW_RECORDS.name} has no record of: {missing}"
 
 
 def test_readme_is_a_guide():

@@ -1,18 +1,8 @@
 """The benchmarks' statistics (benchmarks/learning.py): rliable's stratified-bootstrap CI of the IQM is the same
 bits for the same scores, whatever else drew from numpy's global generator, and [min, max] for 3 seeds."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-
-@pytest.fixture
-def learning(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import learning
-
-    return learning
 
 
 def test_the_iqm_ci_is_reproducible_bit_for_bit(learning):

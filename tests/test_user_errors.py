@@ -349,19 +349,21 @@ def test_fuzzed_overrides_run_or_fail_with_one_line(tmp_path):
 
 @pytest.mark.integration
 def test_a_benchmark_refuses_to_overwrite_a_committed_result_before_any_run(tmp_path):
-    """benchmarks/learning.py writes `<name>.json/.png` beside the committed rows: a second run under a taken
-    name (a quick try with the default name) must not replace the files a committed row links to."""
+    """benchmarks/learning.py writes a row's line of `learning-rows.jsonl` and its `<name>.png` beside the committed
+    rows: a second run under a taken name (a quick try with the default name) must not replace the record and curve
+    a committed row links to."""
     results = tmp_path / "results"
     results.mkdir()
-    (results / "acer-cartpole.json").write_text("{}")
+    committed = '{"name": "acer-pendulum"}\n{"name": "acer-cartpole"}\n'
+    (results / "learning-rows.jsonl").write_text(committed)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learning.py"), "acer", "cartpole",
                            "--frames", "64", "--results", str(results), "--runs", str(tmp_path / "runs")],
                           cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].endswith("acer-cartpole.json already holds a result: "
+    assert proc.stderr.strip().splitlines()[-1].endswith("learning-rows.jsonl already holds a row acer-cartpole: "
                                                          "give another --name, or --replace")
-    assert (results / "acer-cartpole.json").read_text() == "{}" and not (tmp_path / "runs").exists()
-    assert sorted(p.name for p in results.iterdir()) == ["acer-cartpole.json"]
+    assert (results / "learning-rows.jsonl").read_text() == committed and not (tmp_path / "runs").exists()
+    assert sorted(p.name for p in results.iterdir()) == ["learning-rows.jsonl"]
 
 
 @pytest.mark.integration
