@@ -49,6 +49,7 @@ def play(run_dir: Path, episodes: int, seed: int, obs_index: int | None) -> None
     state, _ = load_checkpoint(run_dir)
     agent.loss.load_state_dict(state["loss"])
     env = make_env(evaluation_env_config(cfg.env), seed=seed, extra_transforms=agent.env_transforms)
+    torch.manual_seed(seed)  # the sampled actions too: the same seed plays the same episodes
     print(f"{run_dir}: {cfg.loss} on {cfg.env.name}")
     for mode in (ExplorationType.DETERMINISTIC, ExplorationType.RANDOM):
         with torch.no_grad(), set_exploration_type(mode):
