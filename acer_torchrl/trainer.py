@@ -396,6 +396,7 @@ class Trainer:
 
     def update(self, batch: TensorDictBase) -> dict[str, float]:
         batch = self.agent.before_update(batch, self.replay)
+        self.loss.at_env_steps(self.counters.env_steps)
         if batch.device != self.device:  # a CPU batch for a CUDA learner (a copy per key even when already there)
             batch = batch.to(self.device)
         with set_recurrent_mode(True):

@@ -51,7 +51,7 @@ Deviations from the paper, and why:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +63,7 @@ from torchrl.modules.distributions import IndependentNormal
 
 from acer_torchrl.objectives import functional
 from acer_torchrl.objectives.common import (
+    LinearDecay,
     ReplayLoss,
     close_segments_at_padding,
     evaluate_with_next_steps,
@@ -96,6 +97,9 @@ class ACERLoss(ReplayLoss):
         c: truncation of the policy-gradient importance weights (eq. 9 / 16).
         trust_region, delta: the efficient trust region (sec. 3.3, eq. 11-12).
         entropy_coeff, critic_coeff: weights of the entropy bonus and of the critic loss.
+        critic_coeff_end, critic_decay: not in ACER: when ``critic_coeff_end`` is given, the critic's weight falls
+            linearly from ``critic_coeff`` to it over the env steps ``critic_decay = (start, end)``
+            (:class:`~acer_torchrl.objectives.common.LinearDecay`, set by :meth:`at_env_steps`).
         sdn_samples: ``n`` of eq. 13.
         target_update: discrete only: when > 0, ``Q^ret`` reads the ``Q`` of ``value_network`` (actor then
             critic) run with ``target_value_network_params``, a copy refreshed every ``target_update`` updates;
@@ -191,6 +195,8 @@ class ACERLoss(ReplayLoss):
         delta: float = 1.0,
         entropy_coeff: float = 0.001,
         critic_coeff: float = 1.0,
+        critic_coeff_end: float | None = None,
+        critic_decay: Sequence[int] = (50_000, 100_000),
         sdn_samples: int = 5,
         target_update: int = 0,
         replay_ratio: float = 4.0,
@@ -218,6 +224,7 @@ class ACERLoss(ReplayLoss):
         self.delta = delta
         self.entropy_coeff = entropy_coeff
         self.critic_coeff = critic_coeff
+        self.critic_weight = LinearDecay(critic_coeff, critic_coeff_end, critic_decay)
         self.sdn_samples = sdn_samples
         self.target_update = target_update
         self.replay_ratio = replay_ratio
@@ -256,6 +263,10 @@ class ACERLoss(ReplayLoss):
         """ACER Alg. 1: one on-policy update on the fresh batch (when ``on_policy``), then
         ``Poisson(replay_ratio)`` replay updates."""
         return poisson_plan(rng, self.replay_ratio, self.on_policy)
+
+    def at_env_steps(self, env_steps: int) -> None:
+        """The critic's weight at this point of the run (``critic_coeff_end``; not in ACER)."""
+        self.critic_weight.at(env_steps)
 
     def stored_steps_before_first_update(self, min_size: int) -> int:
         """None with an on-policy update (the fresh batch, Alg. 1), else the replay's ``min_size``."""
@@ -399,7 +410,7 @@ class ACERLoss(ReplayLoss):
         return TensorDict(
             {
                 "loss_objective": loss_objective,
-                "loss_critic": self.critic_coeff * critic,
+                "loss_critic": self.critic_weight.value * critic,
                 "loss_entropy": -self.entropy_coeff * weighted_mean(entropy_steps, mask, weight),
                 "rho": masked_mean(rho, mask),
                 "rho_clipped_share": masked_mean((rho > self.c).float(), mask),

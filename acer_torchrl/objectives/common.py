@@ -74,6 +74,26 @@ class ReplayLoss(LossModule):
         """Multiplier of ``optim.lr`` for the next optimiser step (annealing, e.g. ReF-ER eq. 13)."""
         return 1.0
 
+    def at_env_steps(self, env_steps: int) -> None:
+        """Called before each gradient step with the run's env steps so far (restored on resume): a loss sets its
+        step-dependent weights here (ACER's falling critic weight)."""
+
+
+class LinearDecay:
+    """A weight that is ``start_value`` until env step ``steps[0]``, falls linearly to ``end_value`` at ``steps[1]``
+    and stays there; ``end_value=None``: ``start_value`` throughout. :meth:`at` sets :attr:`value`."""
+
+    def __init__(self, start_value: float, end_value: float | None, steps: Sequence[int]):
+        self.start_value, self.end_value = start_value, end_value
+        self.begin, self.end = steps
+        self.value = start_value
+
+    def at(self, env_steps: int) -> None:
+        if self.end_value is None:
+            return
+        progress = 1.0 if env_steps >= self.end else max(env_steps - self.begin, 0) / max(self.end - self.begin, 1)
+        self.value = self.start_value + (self.end_value - self.start_value) * progress
+
 
 def policy_distribution(discrete: bool, stats: dict[str, torch.Tensor]) -> torch.distributions.Distribution:
     """The policy's distribution from its statistics (the same family the acting policy samples from)."""

@@ -15,7 +15,7 @@ DEFAULT_PRESET = "cartpole"
 
 @allowed(replay_ratio="[0, 1000]", c="(0, inf)", delta="(0, inf)", alpha="[0, 1)", entropy_coeff="[0, inf)",
          critic_coeff="[0, inf)", sdn_samples="[1, 1000]", sdn_hidden=MAX_WIDTH, init_std="(0, inf)",
-         target_update="[0, 1000000]")
+         target_update="[0, 1000000]", critic_coeff_end="[0, inf)", critic_decay="[0, 1000000000000]")
 @dataclass
 class ACERConfig:
     """``acer.<field>=`` overrides (paper values: Atari sec. 4, MuJoCo sec. 6)."""
@@ -28,6 +28,11 @@ class ACERConfig:
     alpha: float = 0.99  # average policy network decay: theta_a <- alpha theta_a + (1 - alpha) theta
     entropy_coeff: float = 0.001  # weight of the entropy bonus (sec. 4: 0.001)
     critic_coeff: float = 1.0  # weight of 1/2 (Q^ret - Q)^2 (eq. 6) [+ 1/2 (V^target - V)^2, eq. 14]
+    # the critic's weight at the end of critic_decay (linear from critic_coeff over those env steps, then kept);
+    # none: critic_coeff throughout (the paper). Not in ACER: a critic that keeps its full step over a run far past
+    # the one it learned in regresses on itself (benchmarks/results/cartpole-stability.md)
+    critic_coeff_end: float | None = None
+    critic_decay: list[int] = field(default_factory=lambda: [50_000, 100_000])  # env steps: [start, end]
     sdn_samples: int = 5  # n of eq. 13 (continuous)
     # discrete: updates between copies of the network whose Q builds Q^ret (a target network as Reactor's, eq. 7);
     # 0: none, Q^ret reads the critic it trains, as in ACER (sec. 3.1)
@@ -40,6 +45,8 @@ class ACERConfig:
         """The trust region's keys (its constraint and its average policy network), without it; the replay's draw,
         without replay updates (on-policy updates only)."""
         unused = {} if self.trust_region else dict.fromkeys(("acer.delta", "acer.alpha"), "acer.trust_region=false")
+        if self.critic_coeff_end is None:
+            unused["acer.critic_decay"] = "acer.critic_coeff_end=none"
         if self.replay_ratio == 0:
             unused.update(dict.fromkeys(("replay.batch_size", "replay.min_size"), "acer.replay_ratio=0"))
         return unused
@@ -48,6 +55,9 @@ class ACERConfig:
         """The checks across fields (each field's range is declared above)."""
         if self.on_policy is False and self.replay_ratio == 0:
             raise ConfigError("acer.on_policy=false with acer.replay_ratio=0 never updates; set one of them")
+        if len(self.critic_decay) != 2 or self.critic_decay[0] > self.critic_decay[1]:
+            raise ConfigError(f"acer.critic_decay must be two env-step counts start,end with start <= end, got "
+                              f"{','.join(map(str, self.critic_decay)) or '(empty)'}; e.g. acer.critic_decay=50000,100000")
 
 
 # paper sec. 4 (Atari), shared by the atari and minatar presets
