@@ -537,6 +537,57 @@ def test_config_errors_name_the_key(override):
         load_config("acer", [override])
 
 
+def test_the_critic_weight_falls_linearly_over_its_env_steps_then_stays():
+    """``acer.critic_coeff_end`` (not in ACER): the critic term is ``w(t) 1/2 (Q^ret - Q)^2`` with ``w`` equal to
+    ``critic_coeff`` until ``critic_decay[0]`` env steps, linear to ``critic_coeff_end`` at ``critic_decay[1]``, then
+    constant; the policy and entropy terms do not move."""
+    td = discrete_batch()
+    base = discrete_loss()(td)
+    decaying = discrete_loss(critic_coeff=2.0, critic_coeff_end=0.5, critic_decay=(100, 400))
+    for env_steps, weight in ((0, 2.0), (100, 2.0), (200, 1.5), (400, 0.5), (10**6, 0.5)):
+        decaying.at_env_steps(env_steps)
+        out = decaying(td)
+        torch.testing.assert_close(out["loss_critic"], weight * base["loss_critic"])
+        torch.testing.assert_close(out["loss_objective"], base["loss_objective"])
+        assert float(out["critic_weight"]) == pytest.approx(weight)
+    constant = discrete_loss(critic_coeff=2.0)
+    constant.at_env_steps(10**6)
+    torch.testing.assert_close(constant(td)["loss_critic"], 2.0 * base["loss_critic"])
+    assert "critic_weight" not in constant.out_keys and "critic_weight" in decaying.out_keys
+
+
+def test_the_critic_decay_is_checked_and_noted_unused_without_its_end_weight():
+    from acer_torchrl.config import unused_settings
+
+    for bad in ("acer.critic_decay=100000,50000", "acer.critic_decay=5", "acer.critic_decay=-1,10"):
+        with pytest.raises(ConfigError, match="acer.critic_decay"):
+            load_config("acer", ["acer.critic_coeff_end=0.25", bad])
+    overrides = ["acer.critic_decay=0,10"]
+    assert unused_settings(load_config("acer", overrides), overrides) == [
+        "note: acer.critic_decay=0,10 has no effect with acer.critic_coeff_end=none"
+    ]
+    assert load_config("acer", ["acer.critic_coeff_end=0.25", "acer.critic_decay=0,10"]).algo.critic_decay == [0, 10]
+
+
+@pytest.mark.integration
+def test_a_run_records_its_falling_critic_weight(tmp_path):
+    """The trainer hands the loss the run's env steps before each update: metrics.csv's ``critic_weight`` falls
+    from ``critic_coeff`` to ``critic_coeff_end`` over ``critic_decay`` (a row every 64-step batch after the first
+    512 steps)."""
+    import csv
+
+    from acer_torchrl.cli import run
+
+    run("acer", ["total_frames=640", "collector.workers=0", "collector.frames_per_batch=64", "replay.min_size=64",
+                 "replay.batch_size=4", "replay.seq_len=8", "eval.episodes=1", "eval.max_steps=20",
+                 "eval.interval=100000", "log.progress=false", "acer.critic_coeff_end=0.25",
+                 "acer.critic_decay=512,640", f"run_dir={tmp_path}"])
+    with open(tmp_path / "metrics.csv") as f:
+        rows = {int(r["env_steps"]): float(r["critic_weight"]) for r in csv.DictReader(f)}
+    # a row holds the means of the updates after its batch's collection: 1.0 to step 512, then 1 - 0.75 x 64/128
+    assert rows == {512: 1.0, 576: pytest.approx(0.625), 640: 0.25}
+
+
 def test_off_policy_without_replay_is_refused():
     with pytest.raises(ConfigError, match="never updates"):
         load_config("acer", ["acer.on_policy=false", "acer.replay_ratio=0"])

@@ -256,6 +256,8 @@ class ACERLoss(ReplayLoss):
         diagnostics = ["rho", "rho_clipped_share", "entropy", "state_value", "q_ret"]
         if self.trust_region:
             diagnostics += ["kl_average", "trust_region_active"]
+        if self.critic_weight.end_value is not None:
+            diagnostics.append("critic_weight")
         return ["loss_objective", "loss_critic", "loss_entropy", *diagnostics, "priority"]
 
     # ------------------------------------------------------------------ Alg. 1
@@ -263,6 +265,9 @@ class ACERLoss(ReplayLoss):
         """ACER Alg. 1: one on-policy update on the fresh batch (when ``on_policy``), then
         ``Poisson(replay_ratio)`` replay updates."""
         return poisson_plan(rng, self.replay_ratio, self.on_policy)
+
+    def _critic_weight_stat(self) -> dict[str, torch.Tensor]:
+        return {} if self.critic_weight.end_value is None else {"critic_weight": torch.tensor(self.critic_weight.value)}
 
     def at_env_steps(self, env_steps: int) -> None:
         """The critic's weight at this point of the run (``critic_coeff_end``; not in ACER)."""
@@ -419,6 +424,7 @@ class ACERLoss(ReplayLoss):
                 "q_ret": masked_mean(q_ret, mask),
                 "priority": window_priority(td_error, mask),  # Reactor sec. 3.3: mean |Q^ret - Q(x, a)|
                 **diagnostics,
+                **self._critic_weight_stat(),
             },
             batch_size=[],
         )

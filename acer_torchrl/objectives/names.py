@@ -39,6 +39,8 @@ OUTPUTS = {
     # ACER
     "kl_average": "ACER: D_KL(average policy || pi) of the trust region (eq. 12)",
     "trust_region_active": "ACER: share of steps where the trust-region projection changed the gradient",
+    "critic_weight": "ACER with acer.critic_coeff_end: the critic loss's weight at this update (falls over "
+                     "acer.critic_decay)",
     # Reactor
     "q_taken": "Reactor: Q(s_t, a_t) of the learning network",
     "action_gap": "Reactor: the mean action gap max_a Q - Q(a') scaling its entropy bonus (sec. 3.5)",
