@@ -133,7 +133,10 @@ def fields_build_reads(algo, env_name, run_dir, monkeypatch):
     from acer_torchrl.envs import env_info
 
     algorithm = get_algorithm(algo)
-    cfg = load_config(algo, [f"env.name={env_name}", f"run_dir={run_dir}"])
+    # the algorithm's preset for this env where it has one (ACER's default cartpole preset has a target network, which
+    # continuous actions refuse), else its default preset
+    preset = next((f"preset={n}" for n, p in algorithm.presets.items() if p.get("env.name") == env_name), None)
+    cfg = load_config(algo, [*filter(None, [preset]), f"env.name={env_name}", f"run_dir={run_dir}"])
     names, reads, plain = [f.name for f in dataclasses.fields(cfg.algo)], set(), cfg.algo
 
     class Recorded(algorithm.config_cls):

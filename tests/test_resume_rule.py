@@ -223,7 +223,7 @@ REFUSED = [
     ("reactor", ["total_frames=900"], "give total_frames >= 1000"),
     ("acer", ["acer.on_policy=false", "total_frames=500"], "total_frames=500 ends before the first update"),
     ("vracer", ["vracer.steps_per_update=5000", "total_frames=4000"], "give total_frames >= 5000"),
-    ("acer", ["env.name=InvertedPendulum-v5", "acer.replay_ratio=0"], "acer.replay_ratio=0 never updates on InvertedPendulum-v5"),
+    ("acer", ["preset=pendulum", "acer.on_policy=none", "acer.replay_ratio=0"], "acer.replay_ratio=0 never updates on InvertedPendulum-v5"),
 ]
 
 

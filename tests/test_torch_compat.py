@@ -43,7 +43,8 @@ def test_fallback_without_the_private_function_gives_the_same_bits(monkeypatch, 
 
 
 @pytest.mark.parametrize("algo, overrides", [
-    ("acer", []),
+    ("acer", ["acer.target_update=0"]),  # the average policy network alone
+    ("acer", ["acer.trust_region=false"]),  # the target network alone
     ("laser", ["laser.target_update=10"]),
     ("reactor", ["reactor.behaviour=learned", "network.lstm=true"]),
 ])

@@ -41,7 +41,9 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     V head + SDN advantage network (continuous); the loss; the acting policy; the average-policy updater."""
     a: ACERConfig = cfg.algo
     if a.target_update and not info.discrete:
-        raise ConfigError(f"acer.target_update is for discrete actions; {cfg.env.name} has continuous ones")
+        raise ConfigError(f"acer.target_update is for discrete actions; {cfg.env.name} has continuous ones: set "
+                          f"acer.target_update=0 (preset={cfg.preset} sets {a.target_update}) or a continuous preset "
+                          "(pendulum, mujoco)")
     net = cfg.network
     torso = make_torso(info, net.hidden, net.activation, net.lstm_hidden if net.lstm else None)
     if info.discrete:
