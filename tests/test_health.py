@@ -132,7 +132,8 @@ def test_healthy_runs_stay_ok(name):
     """Runs of the benchmarks' protocols on this branch, each ``ok`` in its summary.json:
     ``recipes/acer.py preset=cartpole total_frames=50000 seed=0`` (the preset before its target network; as
     ``acer-cartpole-seq32-seeds0-9``, final 500.0),
-    ``recipes/reactor.py preset=cartpole total_frames=50000 seed=0`` (as ``reactor-cartpole``, final 500.0),
+    ``recipes/reactor.py preset=cartpole total_frames=50000 seed=0`` (the preset's scalar critic before it took the
+    categorical one; as ``reactor-cartpole``, final 500.0),
     ``recipes/vracer.py preset=pendulum total_frames=20000 seed=0`` (as ``vracer-pendulum``, final 1000.0; its values
     in units of r / sigma_r, the rows' ``reward_scale``), and the recorded runaway's rows before its critic passed the
     bound 1000 (to 62.5k steps, V up to 826): no alarm."""

@@ -64,7 +64,7 @@ def another_value(cfg, key: str, value):
     candidates = [value * 2, value / 2, value + 1, 0.5] if isinstance(value, float) else [value + 1, value - 1]
     if isinstance(value, float) and math.isinf(value):
         candidates = [10.0]
-    return next(c for c in candidates if rule is None or c in rule)
+    return next(c for c in candidates if c != value and (rule is None or c in rule))  # 0.0 * 2 is 0.0
 
 
 # each applied key's new value on resume (None: another_value's) and where a resumed trainer shows it in effect

@@ -25,7 +25,7 @@ else
   pong_preset=atari_gpu reserve_s=75 run_dir=${RUN_DIR:-/tmp/pong-acer} pong_args=""
 fi
 mkdir -p "$out/pong-acer"
-quiet() { grep -v "INFO\|warn"; }
+quiet() { grep -Ev "INFO|[Ww]arn|resource_tracker"; }  # also the leaked-semaphore UserWarning of a killed pool
 
 tests() {  # on CPU they skip; in parallel when pytest-xdist is there
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/nvidia-smi.txt"
