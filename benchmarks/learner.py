@@ -52,6 +52,7 @@ import json
 import os
 import platform
 import pstats
+import signal
 import statistics
 import subprocess
 import sys
@@ -861,7 +862,15 @@ COMMANDS = {"update": update_cost, "devices": device_updates, "phase": learning_
             "same-numbers": same_numbers, "pieces": pieces, "pfrl": pfrl_comparison}
 
 
+def stop(signum: int, _frame) -> None:
+    """SIGTERM (``kill``, a job's time limit) ends this benchmark as Ctrl-C does: by an exception, on which
+    ``subprocess.run`` kills the recipe it waits on and the in-process collectors shut down (Python's default
+    SIGTERM would leave them running)."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, stop)
     command = COMMANDS.get(sys.argv[1] if len(sys.argv) > 1 else "", floor_comparison)
     command(sys.argv[2:] if command is not floor_comparison else sys.argv[1:])
 

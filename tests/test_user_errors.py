@@ -9,9 +9,11 @@ import json
 import os
 import random
 import shlex
+import signal
 import string
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -376,6 +378,30 @@ def test_the_pfrl_benchmark_without_pfrl_says_how_to_install_it_in_one_line(tmp_
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and proc.stdout == "" and len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: learner.py pfrl needs pfrl") and "--site DIR" in lines[0]
+
+
+@pytest.mark.integration
+def test_a_killed_learner_benchmark_takes_its_recipe_run_with_it(tmp_path):
+    """``kill`` (SIGTERM) on ``benchmarks/learner.py`` while its end-to-end recipe runs: both end (before, the
+    benchmark went on through the signal, and its recipe was left running when it was killed harder)."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "learner.py"), "--only", "acer:cartpole",
+                             "--frames", "1000000", "--out", str(tmp_path / "learner.json")],
+                            cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    deadline = time.monotonic() + 120
+    recipe = None
+    while recipe is None and time.monotonic() < deadline and proc.poll() is None:
+        pids = children.read_text().split() if children.exists() else []
+        recipe = next((int(p) for p in pids if "recipes/acer.py" in Path(f"/proc/{p}/cmdline").read_text()), None)
+        time.sleep(0.2)
+    assert recipe is not None, "the end-to-end recipe run never started"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{recipe}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not Path(f"/proc/{recipe}").exists() or "Z" in Path(f"/proc/{recipe}/stat").read_text().split()[2]
 
 
 def test_the_sweep_recipe_takes_help_anywhere_and_names_its_interpreter(tmp_path):
