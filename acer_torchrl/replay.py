@@ -348,8 +348,8 @@ class EpisodeReplay:
     # ------------------------------------------------------------------ reading
     def alive_slots(self) -> torch.Tensor:
         """The slots of the stored (sampleable) steps, ascending; kept until the next write."""
-        if self._alive_slots is None:
-            self._alive_slots = self.alive.nonzero().squeeze(-1)
+        if self._alive_slots is None:  # only the written slots can be alive: a large replay not yet full costs no more
+            self._alive_slots = self.alive[: min(self.steps_written, self.capacity)].nonzero().squeeze(-1)
         return self._alive_slots
 
     def _stored_slots(self) -> torch.Tensor:
@@ -554,7 +554,7 @@ class EpisodeReplay:
         ends = min(self.end_entries_written, self.capacity)
         ends_bytes = stored_tensordict(self.episode_ends)[:ends].bytes() if self.successor_keys and ends else 0
         frames = self.frames.saved_bytes() if self.frames is not None else 0
-        return rows + ends_bytes + frames + self.capacity * LINK_BYTES
+        return rows + ends_bytes + frames + filled * LINK_BYTES
 
     def save(self, path: Path) -> dict[str, dict]:
         """Write the replay under ``path``: the filled slots (:func:`save_rows`), the links and counters.
@@ -563,7 +563,9 @@ class EpisodeReplay:
         checksums = {}
         if self.steps_written:  # only the filled slots: a checkpoint is sized by content, not by capacity
             checksums |= save_rows(self.buffer.storage, min(self.steps_written, self.capacity), path / "steps")
-        links = {name: getattr(self, name) for name in _LINKS}
+        filled = min(self.steps_written, self.capacity)  # the links of the written slots (a slice is saved whole)
+        links = {name: getattr(self, name)[:filled].clone() for name in _LINKS}
+        links["capacity"] = self.capacity
         links["generator"] = self.generator.get_state()
         if self.priorities is not None:
             links.update(self.priorities.state())
@@ -589,15 +591,14 @@ class EpisodeReplay:
         """Restore a replay saved by :meth:`save`. Trajectories open at save time end there (the
         collectors restart their envs), so their last stored step is a window end, not a boundary."""
         links = torch.load(path / "links.pt", weights_only=True)
-        if links["episode"].numel() != self.capacity:
-            raise ValueError(
-                f"the saved replay holds {links['episode'].numel()} steps but replay.capacity={self.capacity}"
-            )
+        saved_capacity = links.get("capacity", links["episode"].numel())  # older checkpoints: every slot's links
+        if saved_capacity != self.capacity:
+            raise ValueError(f"the saved replay holds {saved_capacity} steps but replay.capacity={self.capacity}")
         if (path / "steps").exists():
             load_rows(self.buffer.storage, path / "steps")
         for name in _LINKS:
             if name in links:  # replays saved before `end_entry` existed store every next observation
-                getattr(self, name).copy_(links[name])
+                getattr(self, name)[: links[name].numel()].copy_(links[name])
         self.generator.set_state(links["generator"])
         if (self.frames is not None) != ("frame_ids" in links):
             raise ValueError("the saved replay and this run differ in env.frame_stack (frames stored once or not)")

@@ -13,7 +13,7 @@ from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, save_check
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.estimates.slots import SlotEstimates
 from acer_torchrl.modules import make_torso
-from acer_torchrl.replay import _LINKS, EpisodeReplay, OnlineWindows, write_index
+from acer_torchrl.replay import _LINKS, LINK_BYTES, EpisodeReplay, OnlineWindows, write_index
 from planted import plant_pickle
 
 
@@ -187,13 +187,47 @@ def test_a_saved_replay_holds_its_filled_slots_only(tmp_path):
     rb = EpisodeReplay(capacity, seed=0)
     rb.extend(make_rows([[(1, 0, 12, True), (2, 0, 8, False)]], obs_dim=obs_dim))
     rb.save(tmp_path / "saved")
-    steps_bytes = sum(f.stat().st_size for f in (tmp_path / "saved").rglob("*") if f.is_file() and f.name != "links.pt")
-    assert steps_bytes < capacity * obs_dim * 4, "the replay's data was saved at full capacity"
+    saved_bytes = sum(f.stat().st_size for f in (tmp_path / "saved").rglob("*") if f.is_file())
+    assert saved_bytes < capacity * obs_dim * 4, "the replay's data was saved at full capacity"
+    assert (tmp_path / "saved" / "links.pt").stat().st_size < capacity * LINK_BYTES / 10, "links saved at full capacity"
+    assert rb.saved_bytes() < capacity * LINK_BYTES / 10
     other = EpisodeReplay(capacity, seed=0)
     other.load(tmp_path / "saved")
     assert len(other) == len(rb)
     other.extend(make_rows([[(2, 8, 4, True)]], obs_dim=obs_dim))
     check_next_observations(other)
+
+
+def test_a_replay_saved_with_every_slots_links_still_loads(tmp_path):
+    """Checkpoints before the links were cut to the written slots hold ``[capacity]`` links and no ``capacity``:
+    they load into the same replay, and one of another capacity is refused."""
+    rb = EpisodeReplay(40, seed=0)
+    rb.extend(make_rows([[(1, 0, 12, True), (2, 0, 8, False)]]))
+    rb.save(tmp_path / "old")
+    links = torch.load(tmp_path / "old" / "links.pt")
+    fresh = EpisodeReplay(40, seed=0)
+    for name in _LINKS:
+        full = getattr(fresh, name).clone()
+        full[: links[name].numel()] = links[name]
+        links[name] = full
+    del links["capacity"]
+    torch.save(links, tmp_path / "old" / "links.pt")
+    other = EpisodeReplay(40, seed=0)
+    other.load(tmp_path / "old")
+    for name in ("episode", "next", "alive", "end_entry"):
+        assert torch.equal(getattr(other, name), getattr(rb, name))
+    other.extend(make_rows([[(2, 8, 4, True)]]))
+    check_next_observations(other)
+    with pytest.raises(ValueError, match="holds 40 steps but replay.capacity=30"):
+        EpisodeReplay(30, seed=0).load(tmp_path / "old")
+
+
+def test_the_sampled_starts_are_the_alive_slots_before_and_after_the_replay_wraps():
+    rb = EpisodeReplay(30, seed=0)
+    rb.extend(make_rows([[(1, 0, 12, True), (2, 0, 8, False)]]))
+    assert torch.equal(rb.alive_slots(), rb.alive.nonzero().squeeze(-1)) and rb.alive_slots().numel() == 20
+    rb.extend(make_rows([[(2, 8, 4, True), (3, 0, 12, True)]]))  # 36 steps written: episode 1's slots reused
+    assert torch.equal(rb.alive_slots(), rb.alive.nonzero().squeeze(-1))
 
 
 def test_eviction_is_whole_oldest_episodes_first():
