@@ -73,23 +73,41 @@ class StopSignals:
     import of weight. The first signal raises :class:`Interrupted` where the main thread is (start-up, or
     waiting for a batch: nothing is half done there), or, inside :meth:`deferred` (a batch being learned
     from, a checkpoint being written), once that block is done. Later signals are noted and dropped: the
-    learner is already stopping, and its checkpoint must not be cut short (SIGKILL still ends it at once)."""
+    learner is already stopping, and its checkpoint must not be cut short (SIGKILL still ends it at once).
+
+    Python runs a signal's handler wherever the main thread is, a weakref callback or a ``__del__`` included, and
+    there an exception is only reported (``sys.unraisablehook``, a traceback on stderr) and dropped: the stop would
+    be lost, and the learner would go on (or wait for ever on helpers that were told to stop). Such an
+    :class:`Interrupted` is kept, silently, and raised again as the next :meth:`deferred` block begins."""
 
     def __init__(self):
         self.signum: int | None = None
         self._deferring = False
+        self._dropped = False  # the first signal's Interrupted was raised where Python drops exceptions
         self._previous = {}
+        self._previous_unraisablehook = None
 
     def install(self) -> StopSignals:
         """Handle SIGINT / SIGTERM from now on (main thread only); :meth:`restore` puts the old handlers back."""
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.signal(sig, self._on_signal)
+        self._previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = self._on_unraisable
         return self
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        if self._previous_unraisablehook is not None:
+            sys.unraisablehook = self._previous_unraisablehook
+            self._previous_unraisablehook = None
+
+    def _on_unraisable(self, unraisable) -> None:
+        if isinstance(unraisable.exc_value, Interrupted):
+            self._dropped = True
+        else:
+            self._previous_unraisablehook(unraisable)
 
     def _on_signal(self, signum: int, _frame) -> None:
         if self.signum is not None:
@@ -100,7 +118,11 @@ class StopSignals:
 
     @contextlib.contextmanager
     def deferred(self):
-        """A block a signal must not cut short: it is noted, and :class:`Interrupted` raised when the block ends."""
+        """A block a signal must not cut short: it is noted, and :class:`Interrupted` raised when the block ends.
+        A stop that was dropped before the block (see the class) is raised instead of entering it."""
+        if self._dropped:
+            self._dropped = False
+            raise Interrupted(self.signum)
         self._deferring = True
         try:
             yield

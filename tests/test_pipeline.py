@@ -565,6 +565,32 @@ def test_run_guard_lets_the_step_in_hand_end_before_a_stop_or_a_requeue(monkeypa
     assert fake.calls == ["step 0", "step 1", "checkpoint", "requeue", "close"]
 
 
+def test_a_stop_signal_that_lands_in_a_weakref_callback_is_not_lost(capfd):
+    """Python drops an exception raised in a weakref callback (only a traceback on stderr): a stop signal handled
+    there must still stop the learner, at the next batch, and print nothing. Before, the learner went on, and a
+    sweep's rank told to stop ran on (``test_shared_replay``'s killed-worker test, now and then)."""
+    import weakref
+
+    from acer_torchrl.processes import Interrupted, StopSignals
+
+    class Thing:
+        pass
+
+    stops = StopSignals().install()
+    try:
+        thing = Thing()
+        ref = weakref.ref(thing, lambda _: signal.raise_signal(signal.SIGTERM))  # the handler runs inside the callback
+        del thing
+        assert ref() is None and stops.signum == signal.SIGTERM
+        with pytest.raises(Interrupted) as stop:
+            with stops.deferred():
+                pytest.fail("a batch was learned from after the stop")
+    finally:
+        stops.restore()
+    assert stop.value.exit_code == 143
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_runs_in_turn_take_a_batch_each_and_all_stop_after_the_batch_in_hand():
     """A shared-replay sweep in one process: runs take a batch each in turn; one that is done leaves the round to the
     others; a stop during one run's step ends every run after that step, each saved by its ``stop_early``."""

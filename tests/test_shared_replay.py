@@ -515,6 +515,38 @@ def test_ctrl_c_in_a_sweeps_start_up_ends_it_at_once_in_one_line(tmp_path, mode)
                     "interrupted before every agent had a checkpoint: nothing to resume")
 
 
+class _ExitingRank:
+    """A rank for :func:`first_failed_rank`: its sentinel ready at once, its exit code ``None`` for the first
+    ``late`` readings and ``code`` after them (a process that closed its files before it could be waited for);
+    with ``code=None`` a rank that runs on (a sentinel never ready)."""
+
+    def __init__(self, code: int | None, late: int = 0):
+        self._read, self._write = os.pipe()
+        if code is not None:
+            os.close(self._write)  # EOF: the sentinel is ready
+        self.sentinel, self._code, self._late = self._read, code, late
+
+    @property
+    def exitcode(self) -> int | None:
+        self._late -= 1
+        return None if self._late >= 0 else self._code
+
+
+def test_a_rank_whose_exit_code_comes_after_its_sentinel_still_ends_the_wait():
+    """A sweep waited for ever, now and then, after a rank failed (the killed-worker test below): that rank's
+    sentinel was ready, its exit code not yet, and by the next round the code was there but the rank was no longer
+    waited on. The rank that failed is found, however late its exit code comes."""
+    from acer_torchrl.shared_replay.sweep import first_failed_rank
+
+    found = []
+    ranks = [_ExitingRank(None), _ExitingRank(3, late=2)]
+    waiting = threading.Thread(target=lambda: found.append(first_failed_rank(ranks)), daemon=True)
+    waiting.start()
+    waiting.join(timeout=10)
+    assert found == [1]
+    assert first_failed_rank([_ExitingRank(0, late=2), _ExitingRank(0)]) is None
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["local", "processes"])

@@ -456,13 +456,21 @@ def failed_of_itself(ranks, first: int) -> int:
 
 
 def first_failed_rank(ranks: list) -> int | None:
-    """Wait until every rank ended (None) or one failed (its index: the others still run)."""
-    while alive := [rank.sentinel for rank in ranks if rank.exitcode is None]:
-        multiprocessing.connection.wait(alive)
-        failed = [i for i, rank in enumerate(ranks) if rank.exitcode not in (None, 0)]
+    """Wait until every rank ended (None) or one failed (its index: the others still run).
+
+    A rank's sentinel is ready as its process closes its files, which can come well before its exit code (a rank
+    tearing down its RPC threads): the exit codes are read once a round, so a rank that failed between two readings
+    is not left out of both (a sweep then waited for ever on the ranks still training)."""
+    while True:
+        codes = [rank.exitcode for rank in ranks]
+        failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
         if failed:
             return failed[0]
-    return None
+        alive = {rank.sentinel: rank for rank, code in zip(ranks, codes) if code is None}
+        if not alive:
+            return None
+        if all(alive[sentinel].exitcode is None for sentinel in multiprocessing.connection.wait(list(alive))):
+            time.sleep(0.05)  # closing, no exit code yet
 
 
 def rank_error(ranks, i: int) -> str:
