@@ -744,7 +744,7 @@ def test_lstm_bootstraps_from_the_unroll_state_not_the_stored_one():
                                                      td["next", c_key][b, t].unsqueeze(1)))
     n = mask.sum()
     torch.testing.assert_close(out["q_ret"], q_ret[mask].sum() / n, rtol=1e-5, atol=1e-6)
-    expected_critic = loss.critic_coeff * (0.5 * (q_ret - q_taken)[mask] ** 2).sum() / n  # eq. 6
+    expected_critic = loss.critic_weight.value * (0.5 * (q_ret - q_taken)[mask] ** 2).sum() / n  # eq. 6
     torch.testing.assert_close(out["loss_critic"], expected_critic, rtol=1e-5, atol=1e-6)
     assert (q_ret - stale)[mask].abs().max() > 1e-2, "the stored states must give other bootstraps"
 

@@ -223,7 +223,6 @@ class ACERLoss(ReplayLoss):
         self.trust_region = trust_region
         self.delta = delta
         self.entropy_coeff = entropy_coeff
-        self.critic_coeff = critic_coeff
         self.critic_weight = LinearDecay(critic_coeff, critic_coeff_end, critic_decay)
         self.sdn_samples = sdn_samples
         self.target_update = target_update
