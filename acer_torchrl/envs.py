@@ -16,9 +16,11 @@ batches are ``[num_envs, T]``; with ``num_envs == 1`` it has ``batch_size == []`
 One batched env amortises TorchRL's per-step cost and batches the policy's inference (see
 ``benchmarks/results/throughput.md``).
 
-Discrete actions are integer indices (``categorical_action_encoding``), continuous actions are left
-unclipped (MuJoCo and Pendulum clip them themselves). A time limit ends an episode with
-``truncated=True, terminated=False``.
+Discrete actions are integer indices (``categorical_action_encoding``). Continuous actions are clipped to the
+action space's bounds before the env steps (:class:`_ClippedActions`): MuJoCo clamps its controls, but gymnasium's
+MuJoCo tasks charge their control cost on the action as given (HalfCheetah-v5: -0.1 |a|^2, -240 a step for an
+action of 20 in each joint, -0.6 for 1). The collected batch keeps the policy's own sample, which the losses'
+importance weights need. A time limit ends an episode with ``truncated=True, terminated=False``.
 """
 
 from __future__ import annotations
@@ -199,12 +201,23 @@ def _make_minatar_env(cfg: EnvConfig) -> gym.Env:
     return _ChannelFirstFrames(env)
 
 
+class _ClippedActions(gym.ActionWrapper):
+    """A continuous action clipped to the action space's bounds on its way to the env, which keeps its bounded action
+    space (gymnasium's ``ClipAction`` makes it unbounded, and the policies read the bounds from it)."""
+
+    def action(self, action: np.ndarray) -> np.ndarray:
+        return np.clip(action, self.action_space.low, self.action_space.high)
+
+
 def _make_gym_env(cfg: EnvConfig) -> gym.Env:
-    """One classic-control, MuJoCo or MinAtar gymnasium env with the time limit, POMDP mask and float32 cast."""
+    """One classic-control, MuJoCo or MinAtar gymnasium env with the time limit, POMDP mask and float32 cast, its
+    continuous actions clipped to their bounds."""
     if cfg.name.startswith(MINATAR_PREFIX):
         return _make_minatar_env(cfg)
     with _quiet_mujoco_compiler():
         env = gym.make(cfg.name, max_episode_steps=cfg.max_episode_steps, disable_env_checker=True)
+    if isinstance(env.action_space, gym.spaces.Box):
+        env = _ClippedActions(env)
     if cfg.pomdp or env.observation_space.dtype != np.float32:
         env = _VectorObservation(env, _CARTPOLE_POSITIONS if cfg.pomdp else None)
     return env

@@ -105,6 +105,25 @@ def test_mujoco_observations_are_float32_and_match_gymnasium():
     env.close()
 
 
+@pytest.mark.parametrize("num_envs", [1, 2])
+def test_continuous_actions_out_of_bounds_step_as_their_clipped_values(num_envs):
+    """HalfCheetah-v5 charges -0.1 |a|^2 on the action it is given: unclipped, an action of 20 in each joint cost
+    -240 a step and a policy whose mean strayed out of [-1, 1] scored -2.7e5 a game (LASER's first MuJoCo run). The
+    env now steps 20 as 1; the collected action stays the policy's own."""
+    rewards, actions = [], []
+    for value in (20.0, 1.0):
+        env = make_env(EnvConfig("HalfCheetah-v5", num_envs=num_envs), seed=0)
+        td = env.reset()
+        td["action"] = torch.full(env.action_spec.shape, value)
+        td = env.step(td)
+        rewards.append(td["next", "reward"])
+        actions.append(td["action"])
+        assert env.action_spec.space.high.max().item() == 1.0  # the bounds the policies read are kept
+        env.close()
+    torch.testing.assert_close(rewards[0], rewards[1])
+    assert (rewards[1] > -1.0).all() and (actions[0] == 20.0).all()
+
+
 def test_known_harmless_mujoco_warning_is_silenced(capfd):
     make_env(EnvConfig("HalfCheetah-v5", num_envs=2)).close()
     assert "settotalmass" not in capfd.readouterr().err
