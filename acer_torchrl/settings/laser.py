@@ -178,7 +178,7 @@ PRESETS: dict[str, dict] = {
         "optim.lr": 3e-4,
         "laser.entropy_coeff": 1e-3,
         # 4 updates a batch of 64 steps, not 1: Hopper-v5 at 300k on tuning seed 700, final score 985 against 459
-        # (1) and a collapse to ~0 (16) (benchmarks/results/learning.md, laser-hopper-tune-*)
+        # (1) and a collapse to ~0 (16), before actions were clipped (benchmarks/results/learning.md, laser-hopper-tune-*)
         "laser.updates_per_batch": 4,
         "eval.interval": 50_000,
         "log.checkpoint_interval": 100_000,
