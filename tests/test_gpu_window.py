@@ -55,3 +55,26 @@ def test_a_dry_window_runs_each_part_and_the_next_one_continues_its_run(tmp_path
     steps = [int(r["env_steps"]) for r in joined]
     updates = [int(r["updates"]) for r in joined]
     assert steps == sorted(set(steps)) and updates == sorted(updates)
+
+
+@pytest.mark.parametrize("saved", [False, True])
+def test_a_pong_piece_resumes_only_a_run_dir_that_reached_a_checkpoint(tmp_path, saved):
+    """A piece killed in its start-up leaves config.yaml and no checkpoint: the next piece in that dir must start
+    the run anew (it had been sent to resume it and failed with "no checkpoint"), moving the unsaved dir aside."""
+    run_dir = tmp_path / "pong"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("seed: 0\n")
+    if saved:
+        (run_dir / "checkpoint").mkdir()
+        (run_dir / "checkpoint" / "counters.json").write_text("{}")
+    env = {**os.environ, "PYTHON": "echo"}  # prints the recipe's command line instead of running it
+    done = subprocess.run(["bash", "benchmarks/gpu/pong.sh", "acer", "5", str(run_dir), "seed=3"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    if saved:
+        assert done.stdout.split() == ["recipes/acer.py", f"resume={run_dir}", "seed=3"]
+        assert (run_dir / "config.yaml").is_file()
+    else:
+        assert done.stdout.split() == ["recipes/acer.py", f"run_dir={run_dir}", "preset=atari_gpu",
+                                       "eval.interval=50000", "seed=3"]
+        assert not run_dir.exists() and len(list(tmp_path.glob("pong.unsaved-*"))) == 1

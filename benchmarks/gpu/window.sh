@@ -9,7 +9,9 @@
 # output folder): gpu_tests.log, pipeline-costs.jsonl, pong-acer/ (weights.pt, pong-acer-metrics.csv, pong-acer.png,
 # window.log: copy them into PONG_DIR and commit). Prints a summary.
 # DRY=1: the same on CPU with tiny budgets (a MinAtar row, an ACER CartPole run instead of Pong), as
-# tests/test_gpu_window.py runs it. PARTS: which parts (default "tests rows pong").
+# tests/test_gpu_window.py runs it. PARTS: which parts (default "tests rows pong"; also "prefetch": ACER's row with
+# replay.prefetch=true). tests and rows take ~410 s on an H100, leaving Pong ~55 s of 540: where the rows of this
+# code are committed already, run PARTS="prefetch pong" or PARTS=pong.
 # usage: [DRY=1] [OUT=dir] [PONG_DIR=dir] [PYTHON=python3] [BUDGET_S=540] [PARTS=...] bash benchmarks/gpu/window.sh
 set -u
 out=${OUT:-results/window}
@@ -30,10 +32,10 @@ quiet() { grep -Ev "INFO|[Ww]arn|resource_tracker"; }  # also the leaked-semapho
 tests() {  # on CPU they skip; in parallel when pytest-xdist is there
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/nvidia-smi.txt"
   local plugins=()
-  "$PYTHON" -c "import xdist" 2> /dev/null && plugins+=(-n 4)
+  "$PYTHON" -c "import xdist" 2> /dev/null && plugins+=(-n 8)
   "$PYTHON" -c "import pytest_timeout" 2> /dev/null && plugins+=(--timeout "$((tests_s - 20))")
-  timeout -k 10 "$tests_s" "$PYTHON" -m pytest -m gpu tests/test_gpu.py "${plugins[@]}" -p no:cacheprovider -q -rfE 2>&1 \
-    | quiet > "$out/gpu_tests.log"
+  timeout -k 10 "$tests_s" "$PYTHON" -m pytest -m gpu tests/test_gpu.py "${plugins[@]}" -p no:cacheprovider -q -rfE \
+    > "$out/gpu_tests.log" 2>&1  # unfiltered: quiet() would drop pytest's "N passed, M warnings" line
   echo "-- gpu tests: $(tail -1 "$out/gpu_tests.log")"
 }
 
@@ -45,9 +47,17 @@ rows() {  # the main process's costs per batch
   done
 }
 
+prefetch() {  # ACER's row again with the draw on a background thread (replay.prefetch=true), beside the plain row
+  timeout -k 10 "$row_s" "$PYTHON" benchmarks/pipeline_costs.py acer $row_args replay.prefetch=true \
+    --out "$out/pipeline-costs.jsonl" 2>&1 | quiet | tail -3 > "$out/pipeline-costs-acer-prefetch.txt"
+  echo "-- acer, replay.prefetch=true: $(tail -1 "$out/pipeline-costs-acer-prefetch.txt")"
+}
+
 pong() {  # the run, from the last window's weights, until the reserve for its checkpoint, the cut and the plot
   local start=() pieces=() log="$out/pong-acer/window.log" seconds=$((budget - SECONDS - reserve_s))
-  if [ -f "$pong_dir/weights.pt" ] && [ ! -f "$run_dir/config.yaml" ]; then start=("init_from=$pong_dir/weights.pt"); fi
+  local saved=0
+  [ -f "$run_dir/checkpoint/counters.json" ] || [ -f "$run_dir/checkpoint.old/counters.json" ] && saved=1
+  if [ -f "$pong_dir/weights.pt" ] && [ "$saved" = 0 ]; then start=("init_from=$pong_dir/weights.pt"); fi
   [ -f "$pong_dir/pong-acer-metrics.csv" ] && pieces+=("$pong_dir/pong-acer-metrics.csv")
   if [ "$seconds" -lt 10 ]; then echo "-- pong: no time left ($seconds s)"; return; fi
   PRESET=$pong_preset bash benchmarks/gpu/pong.sh acer "$seconds" "$run_dir" "${start[@]}" $pong_args > "$log" 2>&1
