@@ -475,17 +475,22 @@ def random_batches(n, seed, k=4, rows=3, T=10):
 
 
 @pytest.mark.parametrize("frame_ring", ["default", "tight"])
-def test_frames_stored_once_give_back_the_collected_stacks(monkeypatch, frame_ring):
+@pytest.mark.parametrize("frames", ["float", "bytes"])
+def test_frames_stored_once_give_back_the_collected_stacks(monkeypatch, frame_ring, frames):
     """A replay with a frame store returns, for every stored step it can still sample, the very observation and
     next observation that were collected (bit for bit, checked against a replay that keeps the stacks), while
     the ring wraps several times; a tight frame ring evicts episodes whose frames it overwrote, never more than
-    that, and never serves a frame written over."""
+    that, and never serves a frame written over. ``bytes``: each frame as uint8 (16 bytes), the Atari frames' dtype,
+    whose stacks the frame store compares as 8-byte words."""
     if frame_ring == "tight":  # the frame ring laps before the step ring: its evictions are the ones tested
         monkeypatch.setattr("acer_torchrl.replay.frame_capacity", lambda steps, stack: steps + 12)
     k, capacity = 4, 90
     plain, framed = EpisodeReplay(capacity, seed=0), EpisodeReplay(capacity, seed=0, frame_stack=k)
     evicted_by_frames = breaks = 0
     for batch in random_batches(40, seed=1, k=k):
+        if frames == "bytes":
+            for key in ("observation", ("next", "observation")):
+                batch[key] = batch[key].contiguous().view(torch.uint8)
         plain.extend(batch.clone())
         framed.extend(batch.clone())
         alive = framed.alive_slots()
@@ -506,7 +511,7 @@ def test_frames_stored_once_give_back_the_collected_stacks(monkeypatch, frame_ri
     assert (evicted_by_frames > 0) == (frame_ring == "tight")
     assert "observation" not in framed.buffer.storage._storage.keys()
     seq = framed.sample_sequences(8, 5, ["observation", ("next", "observation"), "step_count"])
-    assert seq["observation"].shape == (8, 5, k, 4)
+    assert seq["observation"].shape == (8, 5, k, 16 if frames == "bytes" else 4)
 
 
 @pytest.mark.parametrize("memmap", [False, True])
