@@ -2,6 +2,7 @@
 within the budget, and a second window continues the first one's run from the weights it left (the curve joined)."""
 
 import csv
+import json
 import os
 import re
 import shutil
@@ -36,17 +37,19 @@ def rows(path: Path) -> list[dict[str, str]]:
 def test_a_dry_window_runs_each_part_and_the_next_one_continues_its_run(tmp_path):
     pong_dir = tmp_path / "pong-acer"  # the committed results of the windows so far: none yet
     pong_dir.mkdir()
-    first = window(tmp_path / "first", pong_dir, budget=100, parts="tests rows pong")
+    first = window(tmp_path / "first", pong_dir, budget=130, parts="tests rows prefetch pong")
     assert "-- gpu tests: " in first and "overhead (neither update nor wait)" in first
+    assert "-- acer, replay.prefetch=true: " in first
     assert "-- pong (from scratch)" in first
     piece = tmp_path / "first" / "pong-acer"
     assert (piece / "pong-acer.png").is_file()
-    assert len((tmp_path / "first" / "pipeline-costs.jsonl").read_text().splitlines()) == 1
+    costs = [json.loads(line) for line in (tmp_path / "first" / "pipeline-costs.jsonl").read_text().splitlines()]
+    assert [c["overrides"][-1] for c in costs] == ["collector.workers=1", "replay.prefetch=true"]
     for name in ("weights.pt", "pong-acer-metrics.csv"):  # what a session commits after its window
         shutil.copy(piece / name, pong_dir / name)
     before = rows(pong_dir / "pong-acer-metrics.csv")
 
-    second = window(tmp_path / "second", pong_dir, budget=45, parts="pong")
+    second = window(tmp_path / "second", pong_dir, budget=60, parts="pong")
     assert f"-- pong (init_from={pong_dir / 'weights.pt'})" in second
     config = yaml.safe_load((tmp_path / "second" / "run" / "config.yaml").read_text())
     assert config["init_from"] == str(pong_dir / "weights.pt")
