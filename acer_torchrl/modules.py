@@ -188,6 +188,21 @@ class Standardize(nn.Module):
         return (obs - self.loc) / (self.scale + self.eps)
 
 
+class StandardizedEncoder(nn.Sequential):
+    """``encoder`` behind a :class:`Standardize` layer (``observation -> encoder(s_hat)``), for vector observations;
+    ``out_dim`` for :func:`make_torso`. The layer is the identity until its statistics are fitted (V-RACER's
+    :class:`~acer_torchrl.estimates.vracer.VRACEREstimates`, or
+    :class:`~acer_torchrl.estimates.standardization.FittedStandardization` for any other agent)."""
+
+    def __init__(self, encoder: nn.Module, obs_dim: int, eps: float = 1e-7):
+        super().__init__(Standardize(obs_dim, eps), encoder)
+        self.out_dim = encoder.out_dim
+
+    @property
+    def standardize(self) -> Standardize:
+        return self[0]
+
+
 class TruncatedGaussian(D.Independent):
     """Diagonal normal truncated at ``width`` std from its mean in every component (V-RACER's actions, Novati &
     Koumoutsakos 2019, App. A; its density and draws: ``objectives.functional.truncated_normal_*``).

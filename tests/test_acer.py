@@ -762,3 +762,68 @@ def test_cartpole_learns(tmp_path):
                            f"run_dir={tmp_path}", "log.progress=false"])
     assert summary["env_steps"] >= 25_600 and summary["final_score_evaluations"] == 3
     assert summary["eval_return_mean"] >= 100, summary
+
+
+STANDARDIZED = ["preset=pendulum", "acer.standardize=true", "collector.workers=0", "replay.min_size=200",
+                "network.hidden=[16]", "acer.sdn_hidden=[8]", "eval.interval=1000000", "log.progress=false"]
+
+
+def _standardize_buffers(params) -> dict:
+    return {k: v.clone() for k, v in params.items(True, True) if k[-1] in ("loc", "scale") and "0" in k}
+
+
+def test_standardize_fits_once_on_the_first_stored_states_and_reaches_the_average_network_and_a_resume(tmp_path):
+    """acer.standardize=true: the identity until replay.min_size steps are stored; then the mean and population std
+    of every stored state (V-RACER App. B, eq. 14-15), the same in the learning network, the average policy network
+    (not moved by its soft update) and the acting policy; kept, not refitted, by a resumed run."""
+    from acer_torchrl.estimates.standardization import FittedStandardization
+    from acer_torchrl.trainer import Trainer
+
+    trainer = Trainer(load_config("acer", [*STANDARDIZED, "total_frames=400", f"run_dir={tmp_path}"]))
+    try:
+        hook = trainer.agent.estimates
+        assert isinstance(hook, FittedStandardization)
+        norm = hook.normalizer
+        trainer.fill_replay(150)
+        assert not bool(hook.fitted) and torch.equal(norm.loc, torch.zeros(4)) and torch.equal(norm.scale, torch.ones(4))
+        trainer.fill_replay(200)
+        assert bool(hook.fitted)
+        stored = trainer.replay.gather(torch.arange(len(trainer.replay)), ["observation"]).get("observation")
+        torch.testing.assert_close(norm.loc, stored.mean(0), rtol=0, atol=0)
+        torch.testing.assert_close(norm.scale, stored.std(0, correction=0), rtol=0, atol=0)
+        fitted = norm.loc.clone(), norm.scale.clone()
+        for _ in range(3):
+            trainer.update(trainer.draw_batch(0.0))
+        trainer.fill_replay(300)  # more steps stored: not refitted
+        torch.testing.assert_close((norm.loc, norm.scale), fitted, rtol=0, atol=0)
+        loss = trainer.loss
+        learning = _standardize_buffers(loss.actor_network_params)
+        average = _standardize_buffers(loss.target_actor_network_params)
+        assert len(learning) == 2 and set(learning) == set(average)
+        for key, value in learning.items():
+            torch.testing.assert_close(average[key], value, rtol=0, atol=0)
+        acting = [m for m in trainer.agent.policy.modules() if m.__class__.__name__ == "Standardize"]
+        assert len(acting) == 1 and acting[0] is norm
+        trainer.checkpoint()
+    finally:
+        trainer.close()
+    resumed = Trainer(load_config(None, [f"resume={tmp_path}", "total_frames=600"]))
+    try:
+        assert bool(resumed.agent.estimates.fitted)
+        torch.testing.assert_close((resumed.agent.estimates.normalizer.loc, resumed.agent.estimates.normalizer.scale),
+                                   fitted, rtol=0, atol=0)
+    finally:
+        resumed.close()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["preset=cartpole", "acer.standardize=true"], "an on-policy update would train the network on raw states"),
+    (["preset=minatar", "acer.standardize=true", "acer.on_policy=false"], "needs vector observations"),
+])
+def test_standardize_where_it_cannot_be_fitted_first_is_one_clear_error(overrides, message):
+    from acer_torchrl.envs import env_info
+    from acer_torchrl.settings import get_algorithm
+
+    cfg = load_config("acer", overrides)
+    with pytest.raises(ConfigError, match=message):
+        get_algorithm("acer").build(cfg, env_info(cfg.env))

@@ -14,7 +14,10 @@ from acer_torchrl.agent import Agent
 from acer_torchrl.algorithms import loss_options
 from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
-from acer_torchrl.modules import GaussianHead, MLPEncoder, acting_policy, learning_module, make_torso
+from acer_torchrl.estimates.standardization import FittedStandardization
+from acer_torchrl.modules import (
+    GaussianHead, MLPEncoder, StandardizedEncoder, acting_policy, learning_module, make_encoder, make_torso,
+)
 from acer_torchrl.objectives.acer import ACERLoss
 from acer_torchrl.objectives.names import policy_keys
 from acer_torchrl.objectives.updaters import average_updater, target_updater
@@ -45,7 +48,13 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
                           f"acer.target_update=0 (preset={cfg.preset} sets {a.target_update}) or a continuous preset "
                           "(pendulum, mujoco)")
     net = cfg.network
-    torso = make_torso(info, net.hidden, net.activation, net.lstm_hidden if net.lstm else None)
+    encoder = None
+    if a.standardize:
+        if len(info.obs_shape) != 1:
+            raise ConfigError(f"acer.standardize=true needs vector observations; {cfg.env.name} gives "
+                              f"{tuple(info.obs_shape)}: set acer.standardize=false")
+        encoder = StandardizedEncoder(make_encoder(info, net.hidden, net.activation), info.obs_shape[0])
+    torso = make_torso(info, net.hidden, net.activation, net.lstm_hidden if net.lstm else None, encoder=encoder)
     if info.discrete:
         policy_head = nn.Linear(torso.out_dim, info.num_actions)
         critic = TensorDictModule(nn.Linear(torso.out_dim, info.num_actions), ["core"], ["action_value"])
@@ -71,7 +80,13 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     if not (loss.on_policy or loss.replay_ratio):  # acer.on_policy=false with it is refused by the config already
         raise ConfigError(f"acer.replay_ratio=0 never updates on {cfg.env.name}: with continuous actions ACER takes "
                           "no on-policy update (sec. 6); raise acer.replay_ratio or set acer.on_policy=true")
+    if encoder is not None and loss.on_policy:
+        raise ConfigError("acer.standardize=true fits the state statistics at replay.min_size stored steps, before the "
+                          "first replay update; an on-policy update would train the network on raw states before "
+                          "that: set acer.on_policy=false")
     updaters = [average_updater(loss, a.alpha, ("actor_network",))] if a.trust_region else []
     if a.target_update:
         updaters.append(target_updater(loss, a.target_update, ("value_network",)))
-    return Agent(loss=loss, policy=acting_policy(torso, policy_head, info), torsos=[torso], updaters=updaters)
+    estimates = None if encoder is None else FittedStandardization(loss, encoder.standardize, cfg.replay.min_size)
+    return Agent(loss=loss, policy=acting_policy(torso, policy_head, info), torsos=[torso], updaters=updaters,
+                 estimates=estimates)

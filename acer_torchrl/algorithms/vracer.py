@@ -24,28 +24,23 @@ from acer_torchrl.config import Config, ConfigError
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.estimates.vracer import VRACEREstimates
 from acer_torchrl.modules import (
-    BehaviourSampler, GaussianHead, MLPEncoder, Standardize, learning_module, make_torso,
+    BehaviourSampler, GaussianHead, MLPEncoder, StandardizedEncoder, learning_module, make_torso,
 )
 from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.vracer import VRACERLoss
 from acer_torchrl.settings.vracer import BUILD_READS, VRACERConfig
 
 
-class StandardizedMLP(nn.Sequential):
-    """App. A's MLP (2x128 Softsign) behind the state standardisation; ``out_dim`` for ``make_torso``."""
+class StandardizedMLP(StandardizedEncoder):
+    """App. A's MLP (2x128 Softsign) behind the state standardisation (App. B, eq. 14-15)."""
 
     def __init__(self, obs_dim: int, hidden: list[int], act: str, eps: float = 1e-7):
         mlp = MLPEncoder(obs_dim, hidden, act)
-        super().__init__(Standardize(obs_dim, eps), mlp)
-        self.out_dim = mlp.out_dim
+        super().__init__(mlp, obs_dim, eps)
         for layer in mlp:
             if isinstance(layer, nn.Linear):  # Glorot & Bengio uniform (App. A)
                 nn.init.xavier_uniform_(layer.weight)
                 nn.init.zeros_(layer.bias)
-
-    @property
-    def standardize(self) -> Standardize:
-        return self[0]
 
 
 def _small_init(layer: nn.Linear) -> None:

@@ -35,6 +35,20 @@ def parameter_pairs(loss: LossModule, networks: tuple[str, ...] | None = None) -
     return sources, targets
 
 
+@torch.no_grad()
+def copy_buffers_to_targets(loss: LossModule) -> None:
+    """Copies the buffers of ``loss``'s ``<name>_params`` into their copies in its ``target_<name>_params`` (the
+    updaters above move trained parameters only): statistics set once, such as a fitted state standardisation,
+    must be the same in the network and in its average / target copies."""
+    for name, _ in loss.named_children():
+        if name.startswith("target_") and name.endswith("_params"):
+            target_params, params = getattr(loss, name), getattr(loss, name[len("target_"):])
+            for key, source in params.items(True, True):
+                target = target_params.get(key)
+                if not source.requires_grad and not target.is_set_to(source.data):
+                    target.data.copy_(source.data)
+
+
 class _FusedPairs:
     """The (source, target) tensor lists of a TorchRL target updater's loss, in matching order, taken once: of
     the networks in ``networks`` (all the loss's target pairs when None, TorchRL's own pairing)."""

@@ -40,6 +40,9 @@ class ACERConfig:
     sdn_hidden: list[int] = field(default_factory=lambda: [64])  # the SDN's advantage network A(x, a)
     init_std: float = 0.3  # Gaussian policy std (sec. 6: fixed 0.3)
     learn_std: bool = False  # learn a state-independent std instead of the fixed one
+    # standardise vector states with the mean and std of the first replay.min_size stored ones, fitted once before
+    # the first replay update (V-RACER's App. B, eq. 14-15; not in ACER, which reads raw states)
+    standardize: bool = False
 
     def unused_keys(self, cfg: Config) -> dict[str, str]:
         """The trust region's keys (its constraint and its average policy network), without it; the replay's draw,
@@ -198,7 +201,8 @@ PRESETS: dict[str, dict[str, object]] = {
 }
 
 # the fields of ACERConfig that build (algorithms/acer.py) reads itself (the others go to ACERLoss)
-BUILD_READS = ("init_std", "learn_std", "sdn_hidden", "on_policy", "trust_region", "target_update", "alpha")
+BUILD_READS = ("init_std", "learn_std", "sdn_hidden", "on_policy", "trust_region", "target_update", "alpha",
+               "standardize")
 
 ALGORITHM = Algorithm(
     "acer", ACERConfig, "acer_torchrl.algorithms.acer.build", PRESETS, DEFAULT_PRESET, BUILD_READS
