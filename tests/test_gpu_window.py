@@ -40,7 +40,7 @@ def test_a_dry_window_runs_each_part_and_the_next_one_continues_its_run(tmp_path
     first = window(tmp_path / "first", pong_dir, budget=130, parts="tests rows prefetch pong")
     assert "-- gpu tests: " in first and "overhead (neither update nor wait)" in first
     assert "-- acer, replay.prefetch=true: " in first
-    assert "-- pong (from scratch)" in first
+    assert re.search(r"-- pong, \d+ s: pong.sh: a new run in \S+, from scratch", first)
     piece = tmp_path / "first" / "pong-acer"
     assert (piece / "pong-acer.png").is_file()
     costs = [json.loads(line) for line in (tmp_path / "first" / "pipeline-costs.jsonl").read_text().splitlines()]
@@ -50,7 +50,7 @@ def test_a_dry_window_runs_each_part_and_the_next_one_continues_its_run(tmp_path
     before = rows(pong_dir / "pong-acer-metrics.csv")
 
     second = window(tmp_path / "second", pong_dir, budget=60, parts="pong")
-    assert f"-- pong (init_from={pong_dir / 'weights.pt'})" in second
+    assert f"pong.sh: a new run in {tmp_path / 'second' / 'run'}, from {pong_dir / 'weights.pt'}" in second
     config = yaml.safe_load((tmp_path / "second" / "run" / "config.yaml").read_text())
     assert config["init_from"] == str(pong_dir / "weights.pt")
     joined = rows(tmp_path / "second" / "pong-acer" / "pong-acer-metrics.csv")
@@ -61,16 +61,18 @@ def test_a_dry_window_runs_each_part_and_the_next_one_continues_its_run(tmp_path
 
 
 @pytest.mark.parametrize("saved", [False, True])
-def test_a_pong_piece_resumes_only_a_run_dir_that_reached_a_checkpoint(tmp_path, saved):
+@pytest.mark.parametrize("init_from", ["", "earlier/weights.pt"])
+def test_a_pong_piece_resumes_only_a_run_dir_that_reached_a_checkpoint(tmp_path, saved, init_from):
     """A piece killed in its start-up leaves config.yaml and no checkpoint: the next piece in that dir must start
-    the run anew (it had been sent to resume it and failed with "no checkpoint"), moving the unsaved dir aside."""
+    the run anew (it had been sent to resume it and failed with "no checkpoint"), moving the unsaved dir aside. The
+    earlier window's weights (INIT_FROM) start a new run only: a resumed one keeps its own."""
     run_dir = tmp_path / "pong"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text("seed: 0\n")
     if saved:
         (run_dir / "checkpoint").mkdir()
         (run_dir / "checkpoint" / "counters.json").write_text("{}")
-    env = {**os.environ, "PYTHON": "echo"}  # prints the recipe's command line instead of running it
+    env = {**os.environ, "PYTHON": "echo", "INIT_FROM": init_from}  # echo: prints the recipe's command line
     done = subprocess.run(["bash", "benchmarks/gpu/pong.sh", "acer", "5", str(run_dir), "seed=3"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
@@ -78,6 +80,8 @@ def test_a_pong_piece_resumes_only_a_run_dir_that_reached_a_checkpoint(tmp_path,
         assert done.stdout.split() == ["recipes/acer.py", f"resume={run_dir}", "seed=3"]
         assert (run_dir / "config.yaml").is_file()
     else:
+        start = [f"init_from={init_from}"] if init_from else []
         assert done.stdout.split() == ["recipes/acer.py", f"run_dir={run_dir}", "preset=atari_gpu",
-                                       "eval.interval=50000", "seed=3"]
+                                       "eval.interval=50000", *start, "seed=3"]
+        assert f"from {init_from}" in done.stderr if init_from else "from scratch" in done.stderr
         assert not run_dir.exists() and len(list(tmp_path.glob("pong.unsaved-*"))) == 1

@@ -54,17 +54,15 @@ prefetch() {  # ACER's row again with the draw on a background thread (replay.pr
 }
 
 pong() {  # the run, from the last window's weights, until the reserve for its checkpoint, the cut and the plot
-  local start=() pieces=() log="$out/pong-acer/window.log" seconds=$((budget - SECONDS - reserve_s))
-  local saved=0
-  [ -f "$run_dir/checkpoint/counters.json" ] || [ -f "$run_dir/checkpoint.old/counters.json" ] && saved=1
-  if [ -f "$pong_dir/weights.pt" ] && [ "$saved" = 0 ]; then start=("init_from=$pong_dir/weights.pt"); fi
+  local init="" pieces=() log="$out/pong-acer/window.log" seconds=$((budget - SECONDS - reserve_s))
+  [ -f "$pong_dir/weights.pt" ] && init="$pong_dir/weights.pt"  # pong.sh applies it to a new run only
   [ -f "$pong_dir/pong-acer-metrics.csv" ] && pieces+=("$pong_dir/pong-acer-metrics.csv")
   if [ "$seconds" -lt 10 ]; then echo "-- pong: no time left ($seconds s)"; return; fi
-  PRESET=$pong_preset bash benchmarks/gpu/pong.sh acer "$seconds" "$run_dir" "${start[@]}" $pong_args > "$log" 2>&1
+  INIT_FROM=$init PRESET=$pong_preset bash benchmarks/gpu/pong.sh acer "$seconds" "$run_dir" $pong_args > "$log" 2>&1
   "$PYTHON" benchmarks/gpu/cut_weights.py "$run_dir" "$out/pong-acer/weights.pt" >> "$log" 2>&1
   [ -f "$run_dir/metrics.csv" ] && pieces+=("$run_dir/metrics.csv")
   [ "${#pieces[@]}" -gt 0 ] && "$PYTHON" benchmarks/gpu/plot_pong.py "$out/pong-acer" "acer=$(IFS=,; echo "${pieces[*]}")" >> "$log" 2>&1
-  echo "-- pong (${start[*]:-from scratch}), $seconds s:"
+  echo "-- pong, $seconds s: $(grep -m1 '^pong.sh: ' "$log")"
   tail -3 "$log"
 }
 
