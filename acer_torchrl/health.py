@@ -20,7 +20,11 @@ update, its env steps, the statistic and its value there):
   ``LOSS_FACTOR`` times its level at the start of learning (the largest of its first ``START_ROWS`` rows, and at
   least ``max|r|^2``). Replaying a run's ``metrics.csv`` through it gives the decision the run made.
 
-A noisy run, whose spikes last a few updates or stay within these limits, stays ``ok``.
+A noisy run, whose spikes last a few updates or stay within these limits, stays ``ok``. A critic loss that grows
+slowly past ``NOTE_FACTOR`` times its start level without reaching the diverged limit is noted (one line, and
+``health``'s ``critic_loss_growth``: its largest factor and where): ACER CartPole's critic grew ~300x over 300k steps
+on two seeds while every evaluation stayed at 500 (``benchmarks/results/cartpole-stability.md``), a growth that
+came before a fall on another seed.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ ERROR_SHARE = 0.05  # the critic loss's floor: 1/2 (ERROR_SHARE max|r| / (1 - ga
 BOUND_FACTOR = 2.0  # a value estimate may reach twice the largest discounted return max|r| / (1 - gamma)
 ENTROPY_SHARE = 0.01  # a discrete policy under 1 % of the uniform policy's entropy log(n) has collapsed
 LOSS_FACTOR = 1000.0  # the critic loss may grow three orders of magnitude over its level at the start of learning
+NOTE_FACTOR = 100.0  # a critic loss this far over that level is noted in the summary (not a divergence)
 START_ROWS = 3  # that level: the largest critic loss of the first rows with updates
 ROW_PATIENCE = 2  # metrics rows in a row a statistic must stay past its limit
 
@@ -59,6 +64,7 @@ class Health:
         self.reward_max = 0.0  # the largest |reward| of the steps collected so far
         self.critic_start: list[float] = []  # the critic loss of the first START_ROWS rows with updates
         self.diverged: dict | None = None  # the first update where it went wrong
+        self.critic_growth: dict | None = None  # the critic loss's largest factor over its start, once >= NOTE_FACTOR
 
     def watched(self, stats: dict[str, float]) -> dict[str, float]:
         return {k: v for k, v in stats.items() if k.startswith("loss_") or k == "grad_norm" or k in self.value_keys}
@@ -105,7 +111,28 @@ class Health:
             first = persisting(self.row_streak, key, past, (update, env_steps, value), ROW_PATIENCE)
             if first is not None:
                 return self._flag(key, first[2], first[0], first[1], f"{why} for {ROW_PATIENCE} metrics rows")
-        return None
+        return self._note_critic_growth(row, update, env_steps)
+
+    def _note_critic_growth(self, row: dict[str, float], update: int, env_steps: int) -> str | None:
+        """Keeps the critic loss's largest factor over its start level once it reaches ``NOTE_FACTOR``; returns a note
+        line the first time."""
+        start = self.critic_level(row)
+        factor = abs(row["loss_critic"]) / start if start > 0 else 0.0
+        if factor < NOTE_FACTOR or (self.critic_growth is not None and factor <= self.critic_growth["factor"]):
+            return None
+        first = self.critic_growth is None
+        self.critic_growth = {"factor": round(factor, 1), "update": update, "env_steps": env_steps}
+        if not first:
+            return None
+        return (f"note: loss_critic={row['loss_critic']:.3g} at update {update} ({env_steps} env steps) is {factor:.0f}x "
+                f"its level at the start of learning {start:.3g} (diverged: {LOSS_FACTOR:g}x); the run goes on: watch "
+                "its evaluations (summary.json: health.critic_loss_growth)")
+
+    def critic_level(self, row: dict[str, float]) -> float:
+        """The critic loss's level at the start of learning: the largest of its first rows, at least ``max|r|^2``."""
+        scale = row.get("reward_scale", 1.0)
+        reward = row.get("reward_abs_max", self.reward_max) / scale if scale > 0 else 0.0
+        return max(max(self.critic_start), reward**2)
 
     def row_limits(self, row: dict[str, float]) -> list[tuple[str, float, float, str]]:
         """``(statistic, its value, its limit, why)`` of the row's checked statistics (entropy: a lower limit)."""
@@ -120,7 +147,7 @@ class Health:
             uniform = math.log(self.num_actions)
             why = f"stayed under {ENTROPY_SHARE:g}x the uniform policy's entropy log({self.num_actions})={uniform:.3g}"
             limits.append(("entropy", row["entropy"], ENTROPY_SHARE * uniform, why))
-        start = max(max(self.critic_start), reward**2)
+        start = self.critic_level(row)
         why = f"stayed over {LOSS_FACTOR:g}x its level at the start of learning {start:.3g}"
         limits.append(("loss_critic", row["loss_critic"], LOSS_FACTOR * start, why))
         return limits
@@ -134,16 +161,20 @@ class Health:
         )
 
     def summary(self) -> dict:
-        """The ``health`` entry of ``summary.json``: ``{"status": "ok"}``, or ``"diverged"`` and where."""
-        return {"status": "ok"} if self.diverged is None else {"status": "diverged", **self.diverged}
+        """The ``health`` entry of ``summary.json``: ``{"status": "ok"}``, or ``"diverged"`` and where; with
+        ``critic_loss_growth`` once the critic loss reached ``NOTE_FACTOR`` times its start level."""
+        status = {"status": "ok"} if self.diverged is None else {"status": "diverged", **self.diverged}
+        return status if self.critic_growth is None else {**status, "critic_loss_growth": dict(self.critic_growth)}
 
     def state(self) -> dict:
-        return {"scale": dict(self.scale), "diverged": self.diverged, "reward_max": self.reward_max,
+        return {"scale": dict(self.scale), "diverged": self.diverged, "critic_growth": self.critic_growth,
+                "reward_max": self.reward_max,
                 "critic_start": list(self.critic_start), "row_streak": {k: list(v) for k, v in self.row_streak.items()}}
 
     def load_state(self, state: dict) -> None:
         self.scale = dict(state.get("scale", {}))
         self.diverged = state.get("diverged")
+        self.critic_growth = state.get("critic_growth")
         self.reward_max = state.get("reward_max", 0.0)
         self.critic_start = list(state.get("critic_start", []))
         self.row_streak = {k: tuple(v) for k, v in state.get("row_streak", {}).items()}

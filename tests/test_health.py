@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from acer_torchrl.health import BOUND_FACTOR, ROW_PATIENCE, Health
+from acer_torchrl.health import BOUND_FACTOR, LOSS_FACTOR, NOTE_FACTOR, ROW_PATIENCE, START_ROWS, Health
 
 DATA = Path(__file__).resolve().parent / "data"
 ACER_VALUES = ("state_value", "q_ret")  # ACERLoss.value_keys
@@ -185,3 +185,42 @@ def test_a_run_flags_what_its_metrics_rows_show_and_records_the_bound_they_were_
     replayed = Health(ACER_VALUES, gamma=trainer.cfg.gamma, num_actions=2)
     replay_rows(replayed, rows)
     assert replayed.summary() == summary["health"]
+
+
+def test_a_slow_critic_growth_under_the_diverged_limit_is_noted_once_and_kept_across_a_resume():
+    """ACER CartPole seeds 631/632: a critic loss that climbs ~300x over its start level, slower than any limit
+    flags, while the policy holds. The run stays ``ok``, one note line names the growth when it first passes
+    NOTE_FACTOR, and ``health.critic_loss_growth`` keeps the largest factor and where; a resume keeps it."""
+    losses = [10.0] * START_ROWS + [10.0 * 300.0 ** (i / 49) for i in range(50)]
+    rows = [{"env_steps": 1000.0 * (i + 1), "updates": 100.0 * (i + 1), "loss_critic": loss, "state_value": 50.0,
+             "entropy": 0.5, "reward_abs_max": 1.0} for i, loss in enumerate(losses)]
+    assert max(losses) < LOSS_FACTOR * 10.0
+    health = cartpole_health()
+    notes = [w for w in (health.observe_row(r, int(r["updates"]), int(r["env_steps"])) for r in rows) if w]
+    first = next(r for r in rows if r["loss_critic"] >= NOTE_FACTOR * 10.0)
+    assert len(notes) == 1 and notes[0].startswith(f"note: loss_critic={first['loss_critic']:.3g} at update "
+                                                   f"{int(first['updates'])} ")
+    assert health.summary() == {"status": "ok", "critic_loss_growth": {"factor": 300.0, "update": int(rows[-1]["updates"]),
+                                                                       "env_steps": int(rows[-1]["env_steps"])}}
+    before = cartpole_health()
+    cut = rows.index(first) + 5
+    assert replay_rows(before, rows[:cut]) is not None
+    resumed = cartpole_health()
+    resumed.load_state(before.state())
+    assert replay_rows(resumed, rows[cut:]) is None  # noted before the resume: not again
+    assert resumed.summary() == health.summary()
+
+
+@pytest.mark.parametrize("seed, noted", [(630, False), (631, True)])
+def test_the_recorded_300k_cartpole_runs_are_ok_and_the_growing_critic_is_noted(seed, noted):
+    """``acer-cartpole-decay-300k-unseen-seeds630-632`` (every evaluation 500): seed 630's critic stayed near its
+    start level, seed 631's climbed past 100x it (to ~400x at 300k steps). Both ``ok``; 631's growth noted."""
+    health = cartpole_health()
+    rows = trace(f"acer-cartpole-300k-seed{seed}-metrics.csv.gz")
+    note = replay_rows(health, rows)
+    assert health.summary()["status"] == "ok"
+    assert {r["eval_return_mean"] for r in rows if "eval_return_mean" in r and r["env_steps"] >= 270_000} == {500.0}
+    if noted:
+        assert note.startswith("note: loss_critic=") and health.summary()["critic_loss_growth"]["factor"] > 300
+    else:
+        assert note is None and health.summary() == {"status": "ok"}
