@@ -812,6 +812,8 @@ def test_standardize_fits_once_on_the_first_stored_states_and_reaches_the_averag
         assert bool(resumed.agent.estimates.fitted)
         torch.testing.assert_close((resumed.agent.estimates.normalizer.loc, resumed.agent.estimates.normalizer.scale),
                                    fitted, rtol=0, atol=0)
+        average = _standardize_buffers(resumed.loss.target_actor_network_params)
+        torch.testing.assert_close(average, learning, rtol=0, atol=0)
     finally:
         resumed.close()
 
