@@ -577,3 +577,24 @@ def test_a_killed_collector_worker_stops_a_sweep_with_the_sweeps_resume_command(
         f"steps (agent by agent); continue with: "
         f"{shlex.join([sys.executable, str(root / 'recipes' / 'laser_sweep.py'), f'resume={tmp_path}'])}"
     )
+
+
+def test_the_sweeps_resource_tracker_keeps_its_leaked_semaphore_warning_to_itself(tmp_path):
+    """A process that starts the tracker as a processes-mode sweep does, then leaves semaphores behind (as a stopped
+    rank's collectors do): the tracker unlinks them without the warning that followed the stop's one line."""
+    script = tmp_path / "leak.py"
+    script.write_text(
+        "import os, multiprocessing as mp\n"
+        "from acer_torchrl.shared_replay.sweep import quiet_resource_tracker\n"
+        "quiet_resource_tracker()\n"
+        "locks = [mp.get_context('spawn').Lock() for _ in range(3)]\n"
+        "os._exit(0)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and "leaked semaphore" not in done.stderr, done.stderr
+    plain = script.read_text().replace("quiet_resource_tracker()\n", "")
+    script.write_text(plain)
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "leaked semaphore" in done.stderr  # what it keeps quiet

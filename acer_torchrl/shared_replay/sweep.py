@@ -426,6 +426,7 @@ def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     ranks = None
     deaths, ranks_deaths = mp.get_context("spawn").Pipe(duplex=False)
+    quiet_resource_tracker()
     try:
         with ranks_start_ignoring_sigint():
             ranks = mp.start_processes(_rank_main, args=(sweep, overrides, port, ranks_deaths), nprocs=sweep.agents,
@@ -441,6 +442,18 @@ def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
         failed = failed_of_itself(ranks, failed)
         raise TrainingError(f"sweep agent {failed} failed: {rank_error(ranks, failed)}")
     return json.loads((sweep_dir / "summary.json").read_text())  # rank 0 wrote it
+
+
+def quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (the ranks it spawns share it) with its "leaked semaphore" warning
+    off. A stopped rank leaves its collectors' queue semaphores to the tracker, which unlinks them as it should, but
+    its warning came after the stop's one line (seen under Ctrl-C). A tracker already running keeps its settings."""
+    from multiprocessing import resource_tracker
+
+    option = "ignore:resource_tracker:UserWarning"  # passed to the tracker's interpreter as -W
+    if option not in sys.warnoptions:
+        sys.warnoptions.append(option)
+    resource_tracker.ensure_running()
 
 
 PEER_GONE = "Connection closed by peer"  # gloo's error in a rank whose peer ended first
