@@ -128,16 +128,18 @@ class Health:
                 f"its level at the start of learning {start:.3g} (diverged: {LOSS_FACTOR:g}x); the run goes on: watch "
                 "its evaluations (summary.json: health.critic_loss_growth)")
 
+    def row_reward(self, row: dict[str, float]) -> float:
+        """``max|r|`` as the row's values see it: over V-RACER's ``sigma_r`` (its values are in units of r / sigma_r)."""
+        scale = row.get("reward_scale", 1.0)
+        return row.get("reward_abs_max", self.reward_max) / scale if scale > 0 else 0.0
+
     def critic_level(self, row: dict[str, float]) -> float:
         """The critic loss's level at the start of learning: the largest of its first rows, at least ``max|r|^2``."""
-        scale = row.get("reward_scale", 1.0)
-        reward = row.get("reward_abs_max", self.reward_max) / scale if scale > 0 else 0.0
-        return max(max(self.critic_start), reward**2)
+        return max(max(self.critic_start), self.row_reward(row) ** 2)
 
     def row_limits(self, row: dict[str, float]) -> list[tuple[str, float, float, str]]:
         """``(statistic, its value, its limit, why)`` of the row's checked statistics (entropy: a lower limit)."""
-        scale = row.get("reward_scale", 1.0)  # V-RACER's sigma_r: its values are in units of r / sigma_r
-        reward = row.get("reward_abs_max", self.reward_max) / scale if scale > 0 else 0.0
+        reward = self.row_reward(row)
         limits = []
         if self.gamma < 1.0 and reward > 0.0:
             bound = reward / (1.0 - self.gamma)

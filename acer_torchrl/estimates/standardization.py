@@ -15,7 +15,7 @@ from tensordict import TensorDictBase
 
 from acer_torchrl.modules import Standardize
 from acer_torchrl.objectives.updaters import copy_buffers_to_targets
-from acer_torchrl.replay import EpisodeStore
+from acer_torchrl.replay import EpisodeReplay
 
 
 class FittedStandardization:
@@ -39,18 +39,16 @@ class FittedStandardization:
     def load_state_dict(self, state: dict) -> None:
         self.fitted.copy_(state["fitted"])
 
-    def after_extend(self, replay: EpisodeStore) -> None:
+    def after_extend(self, replay: EpisodeReplay) -> None:
         """Fits the statistics (eq. 14-15) once ``n_start`` steps have been written, on every step then stored."""
         if bool(self.fitted) or replay.steps_written < self.n_start:
             return
-        slots = torch.arange(min(replay.steps_written, replay.capacity))
-        observations = replay.gather(slots, [self.observation_key]).get(self.observation_key)
-        self.normalizer.fit(observations.flatten(1).float())
+        self.normalizer.fit(replay.column(self.observation_key).flatten(1).float())
         copy_buffers_to_targets(self.loss)
         self.fitted.fill_(True)
 
-    def before_update(self, sample: TensorDictBase, replay: EpisodeStore) -> TensorDictBase:
+    def before_update(self, sample: TensorDictBase, replay: EpisodeReplay) -> TensorDictBase:
         return sample
 
-    def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay: EpisodeStore) -> None:
+    def after_update(self, sample: TensorDictBase, output: TensorDictBase, replay: EpisodeReplay) -> None:
         pass

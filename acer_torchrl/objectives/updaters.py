@@ -17,11 +17,13 @@ from torchrl.objectives import HardUpdate, LossModule, SoftUpdate
 from acer_torchrl._torchrl_compat import foreach_copy_, foreach_lerp_
 
 
-def parameter_pairs(loss: LossModule, networks: tuple[str, ...] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def parameter_pairs(
+    loss: LossModule, networks: tuple[str, ...] | None = None, buffers: bool = False
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """``(sources, targets)``: the tensors of ``loss``'s ``<name>_params`` that have a target in its
     ``target_<name>_params`` (for the ``<name>`` in ``networks``; all when None), and those targets, in matching
-    order. As TorchRL's ``TargetNetUpdater.init_`` pairs them: a source that requires a gradient (not a buffer)
-    and whose target is another tensor."""
+    order. As TorchRL's ``TargetNetUpdater.init_`` pairs them: a source that requires a gradient (not a buffer;
+    with ``buffers``, the buffers instead) and whose target is another tensor."""
     sources, targets = [], []
     for name, _ in loss.named_children():
         network = name[len("target_") : -len("_params")]
@@ -29,7 +31,7 @@ def parameter_pairs(loss: LossModule, networks: tuple[str, ...] | None = None) -
             target_params, params = getattr(loss, name), getattr(loss, name[len("target_"):])
             for key, source in params.items(True, True):
                 target = target_params.get(key)
-                if source.requires_grad and not target.is_set_to(source.data):
+                if source.requires_grad != buffers and not target.is_set_to(source.data):
                     sources.append(source.data)
                     targets.append(target.data)
     return sources, targets
@@ -37,16 +39,11 @@ def parameter_pairs(loss: LossModule, networks: tuple[str, ...] | None = None) -
 
 @torch.no_grad()
 def copy_buffers_to_targets(loss: LossModule) -> None:
-    """Copies the buffers of ``loss``'s ``<name>_params`` into their copies in its ``target_<name>_params`` (the
-    updaters above move trained parameters only): statistics set once, such as a fitted state standardisation,
-    must be the same in the network and in its average / target copies."""
-    for name, _ in loss.named_children():
-        if name.startswith("target_") and name.endswith("_params"):
-            target_params, params = getattr(loss, name), getattr(loss, name[len("target_"):])
-            for key, source in params.items(True, True):
-                target = target_params.get(key)
-                if not source.requires_grad and not target.is_set_to(source.data):
-                    target.data.copy_(source.data)
+    """Copies the buffers of ``loss``'s networks into their average / target copies (the updaters below move
+    trained parameters only): statistics set once, such as a fitted state standardisation, must be the same in both."""
+    sources, targets = parameter_pairs(loss, buffers=True)
+    if sources:
+        foreach_copy_(targets, sources)
 
 
 class _FusedPairs:
