@@ -37,6 +37,7 @@ import numpy as np
 
 from acer_torchrl.commands import shell_command
 from acer_torchrl.metrics import FINAL_WINDOW, final_score, finish_plot, new_plot
+from acer_torchrl.rundir import holds_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -57,16 +58,22 @@ def forward_stop(signum: int, _frame) -> None:
             proc.send_signal(signum)  # a recipe already stopping drops a second signal
 
 
+def recipe_args(preset: str, seed: int, frames: int, run_dir: Path, extra: list[str]) -> list[str]:
+    """The recipe's arguments for one seed: ``resume=`` where ``run_dir`` holds a checkpoint (or a finished run),
+    else a new run there. A seed stopped during its start-up left a ``config.yaml`` and nothing to resume; it starts
+    anew in the same directory (the recipe reuses a directory that holds no run)."""
+    if holds_run(run_dir):
+        return [f"resume={run_dir}", "log.progress=false"]
+    return [f"preset={preset}", f"seed={seed}", f"total_frames={frames}", f"run_dir={run_dir}", "log.progress=false",
+            *extra]
+
+
 def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extra: list[str]) -> dict:
     """One seed's recipe run in ``run_dir``; a run already there is resumed from its checkpoint (or, when
     it has finished, only read). Once a run was interrupted (it checkpointed), no further seed starts."""
     if INTERRUPTED.is_set():
         return {"seed": seed, "failed": "not started: the benchmark was interrupted"}
-    if (run_dir / "config.yaml").exists():
-        cmd = [f"resume={run_dir}", "log.progress=false"]
-    else:
-        cmd = [f"preset={preset}", f"seed={seed}", f"total_frames={frames}", f"run_dir={run_dir}",
-               "log.progress=false", *extra]
+    cmd = recipe_args(preset, seed, frames, run_dir, extra)
     log = run_dir.with_suffix(".log")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "summary.json").exists():

@@ -72,3 +72,20 @@ def test_a_run_writes_its_line_a_second_is_refused_and_a_resumed_one_replaces_it
     assert [p for p in runs.iterdir() if p.is_dir()] == [bench_dir]
     table = [row for row in (results / "learning.md").read_text().splitlines() if row.startswith("| [acer-cartpole]")]
     assert len(table) == 1
+
+
+def test_a_resumed_benchmark_starts_anew_a_seed_stopped_before_its_first_checkpoint(learning, tmp_path):
+    """A seed stopped during its start-up leaves ``config.yaml`` (and the lock file) but no checkpoint. ``--resume``
+    used to pass it ``resume=``, which the recipe refuses ("no checkpoint"), so the seed ended as failed; now it
+    starts anew in its directory; once it has a checkpoint, ``resume=``."""
+    seed_dir = tmp_path / "seed1"
+    seed_dir.mkdir()
+    (seed_dir / "config.yaml").write_text("loss: acer\n")
+    (seed_dir / "run.lock").touch()
+    extra = [arg for arg in TINY[6:] if "=" in arg]
+    assert learning.recipe_args("cartpole", 1, 192, seed_dir, extra)[:4] == [
+        "preset=cartpole", "seed=1", "total_frames=192", f"run_dir={seed_dir}"]
+    summary = learning.run_seed("acer", "cartpole", 1, 192, seed_dir, extra)
+    assert "failed" not in summary and summary["env_steps"] >= 192, seed_dir.with_suffix(".log").read_text()[-2000:]
+    assert (seed_dir / "checkpoint").is_dir()
+    assert learning.recipe_args("cartpole", 1, 192, seed_dir, extra) == [f"resume={seed_dir}", "log.progress=false"]
