@@ -30,6 +30,7 @@ from acer_torchrl.settings.env import EnvConfig
 from acer_torchrl.validation import INT64, MAX_WIDTH, ConfigError, allowed, check_allowed
 
 ACTIVATIONS = ("relu", "tanh", "elu", "softsign")
+OPTIMISERS = ("adam", "rmsprop")
 
 
 @allowed(workers="[0, 256]", frames_per_batch="[1, 1e6]")
@@ -59,13 +60,18 @@ class ReplayConfig:
     prefetch: bool = False
 
 
-@allowed(lr="(0, inf)", eps="(0, inf)", max_grad_norm="(0, inf]", weight_decay="[0, inf)", lr_end_factor="[0, 1]")
+@allowed(name=OPTIMISERS, lr="(0, inf)", eps="(0, inf)", alpha="[0, 1)", max_grad_norm="(0, inf]",
+         weight_decay="[0, inf)", lr_end_factor="[0, 1]")
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3  # Adam step size
-    eps: float = 1e-5  # Adam epsilon
+    # adam, or rmsprop: A3C's optimiser (Mnih et al. 2016, sec. 4 and App. "Optimization"), which ACER (sec. 4) and
+    # LASER's papers name, unshared here (one learner): torch.optim.RMSprop without momentum, eps outside the root
+    name: str = "adam"
+    lr: float = 1e-3  # step size
+    eps: float = 1e-5  # added to the root of the squared-gradient average
+    alpha: float = 0.99  # RMSProp's squared-gradient decay (optim.name=rmsprop; Adam's is its beta2 = 0.999)
     max_grad_norm: float = 40.0  # gradient-norm clipping (inf: none)
-    weight_decay: float = 0.0  # Adam L2 weight decay
+    weight_decay: float = 0.0  # L2 weight decay
     # linear step-size decay over the run: lr x (1 - (1 - lr_end_factor) x env_steps / total_frames);
     # 1.0 keeps it constant (a constant step never settles near an optimum: Robbins-Monro wants it to shrink)
     lr_end_factor: float = 1.0

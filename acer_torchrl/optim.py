@@ -1,4 +1,5 @@
-"""The learner's Adam settings, and its gradient clipping and Adam step with their kernels called directly."""
+"""The learner's optimiser (Adam or RMSProp) and its settings, and its gradient clipping and Adam step with their
+kernels called directly."""
 
 from __future__ import annotations
 
@@ -7,12 +8,26 @@ import torch
 from acer_torchrl._torchrl_compat import has_update_kernels
 
 
-def adam_settings(optim) -> dict[str, float]:
-    """The learner's Adam hyper-parameters that ``optim.*`` sets (an :class:`~acer_torchrl.config.OptimConfig`), as
-    ``torch.optim.Adam`` takes them and keeps them in each parameter group: what a new optimiser is built with and
-    what a resumed run sets on the one its checkpoint restored (which holds the saved run's values). ``lr`` is the
-    base value; the trainer scales it by its schedule at each update."""
-    return {"lr": optim.lr, "eps": optim.eps, "weight_decay": optim.weight_decay}
+def optimiser_settings(optim) -> dict[str, float]:
+    """The learner's optimiser hyper-parameters that ``optim.*`` sets (an :class:`~acer_torchrl.config.OptimConfig`),
+    as ``torch.optim.Adam`` / ``RMSprop`` take them and keep them in each parameter group: what a new optimiser is
+    built with and what a resumed run sets on the one its checkpoint restored (which holds the saved run's values).
+    ``lr`` is the base value; the trainer scales it by its schedule at each update."""
+    settings = {"lr": optim.lr, "eps": optim.eps, "weight_decay": optim.weight_decay}
+    return {**settings, "alpha": optim.alpha} if optim.name == "rmsprop" else settings
+
+
+def optimiser_name(param_group: dict) -> str:
+    """Which of ``optim.name``'s optimisers a saved parameter group is from (RMSprop's groups hold ``alpha``)."""
+    return "rmsprop" if "alpha" in param_group else "adam"
+
+
+def make_optimiser(params: list[torch.nn.Parameter], optim) -> torch.optim.Optimizer:
+    """``optim.name``'s optimiser over ``params``: Adam fused (one kernel for all parameters), or RMSProp without
+    momentum or centring, as A3C's (Mnih et al. 2016) less its sharing across threads."""
+    if optim.name == "rmsprop":
+        return torch.optim.RMSprop(params, **optimiser_settings(optim), foreach=True)
+    return torch.optim.Adam(params, **optimiser_settings(optim), fused=True)
 
 
 def takes_direct_kernels(optimizer: torch.optim.Optimizer) -> bool:

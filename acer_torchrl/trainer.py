@@ -40,7 +40,7 @@ from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, m
                                   read_summary, save_learning_curve, write_summary)
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.objectives.names import PRIORITY_KEY, PRIORITY_WEIGHT_KEY
-from acer_torchrl.optim import DirectStep, adam_settings
+from acer_torchrl.optim import DirectStep, make_optimiser, optimiser_name, optimiser_settings
 from acer_torchrl.processes import RunGuard, StopSignals
 from acer_torchrl.priority_tree import SequencePriorities
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay, unprioritized
@@ -120,8 +120,7 @@ class Trainer:
         self.acting = self.agent.policy if self.device.type == "cpu" else copy.deepcopy(self.agent.policy)
         self.loss = self.agent.loss.to(self.device)
         params = [p for p in self.loss.parameters() if p.requires_grad]
-        # fused: one kernel for all parameters
-        self.optimizer = torch.optim.Adam(params, **adam_settings(cfg.optim), fused=True)
+        self.optimizer = make_optimiser(params, cfg.optim)
         self.direct_step = DirectStep(self.optimizer)  # clipping and the step: torch's kernels without their Python
         self.params = params
         self.replay: Replay = self.make_replay()
@@ -198,6 +197,9 @@ class Trainer:
             if keys.missing_keys or keys.unexpected_keys:
                 raise RuntimeError(f"missing {_listed(keys.missing_keys)}, unexpected {_listed(keys.unexpected_keys)}")
             if "optimizer" in state:
+                saved, name = optimiser_name(state["optimizer"]["param_groups"][0]), self.cfg.optim.name
+                if saved != name:  # torch would load Adam's moments into RMSprop and fail at its first step
+                    raise ValueError(f"its optimiser state is {saved}'s, this run's optim.name={name}")
                 self.optimizer.load_state_dict(state["optimizer"])
             if estimates and self.agent.estimates is not None:
                 self.agent.estimates.load_state_dict(state["estimates"])
@@ -211,10 +213,10 @@ class Trainer:
 
     def _start_from_weights(self, path: Path) -> None:
         """A new run from ``init_from``'s weights (:func:`~acer_torchrl.checkpoint.cut_weights`): the networks, the
-        optimiser's state when the file keeps it (else Adam starts afresh), and the counters of the run they were cut
-        from (env steps, updates, episodes, clocks: this run's curve continues that run's, one restart on), its own
-        seed's RNG and schedules; the replay is empty and refills (``replay.min_size`` steps before the replayed
-        updates). A file of another algorithm or env, or of another network, is one line."""
+        optimiser's state when the file keeps it (else the optimiser starts afresh), and the counters of the run they
+        were cut from (env steps, updates, episodes, clocks: this run's curve continues that run's, one restart on),
+        its own seed's RNG and schedules; the replay is empty and refills (``replay.min_size`` steps before the
+        replayed updates). A file of another algorithm or env, network or optimiser, is one line."""
         cfg = self.cfg
         weights = load_weights(path)
         if (weights["algorithm"], weights["env"]) != (cfg.loss, cfg.env.name):
@@ -236,7 +238,7 @@ class Trainer:
         and the evaluation and checkpoint schedules (the next multiple of each interval). The others are read from
         ``self.cfg`` at each use, or by the objects built from it in :meth:`__init__` and :meth:`start`."""
         for group in self.optimizer.param_groups:
-            group.update(adam_settings(self.cfg.optim), lr=self.learning_rate())
+            group.update(optimiser_settings(self.cfg.optim), lr=self.learning_rate())
         c, steps = self.counters, self.counters.env_steps
         c.next_eval = (steps // self.cfg.eval.interval + 1) * self.cfg.eval.interval
         c.next_checkpoint = (steps // self.cfg.log.checkpoint_interval + 1) * self.cfg.log.checkpoint_interval

@@ -17,7 +17,7 @@ def test_reference_follows_a_changed_default(monkeypatch):
     before = config_reference.render()
     monkeypatch.setattr(lr, "default", 0.123)
     after = config_reference.render()
-    assert after != before and "| `optim.lr` | `float` | `0.123` | > 0 | Adam step size |" in after
+    assert after != before and "| `optim.lr` | `float` | `0.123` | > 0 | step size |" in after
     assert config_reference.main(["--check"]) == 1
 
 
@@ -34,5 +34,5 @@ def test_every_key_is_listed():
 
 def test_field_comments_read_the_source():
     comments = config_reference.field_comments(OptimConfig)
-    assert comments["lr"] == "Adam step size"
+    assert comments["lr"] == "step size"
     assert comments["lr_end_factor"].startswith("linear step-size decay over the run")  # the lines above it

@@ -41,6 +41,7 @@ def test_a_dry_window_runs_each_part_and_the_next_one_continues_its_run(tmp_path
     assert "-- gpu tests: " in first and "overhead (neither update nor wait)" in first
     assert "-- acer, replay.prefetch=true: " in first
     assert re.search(r"-- pong, \d+ s: pong.sh: a new run in \S+, from scratch", first)
+    assert re.search(r"module\.\S+: \d+/128 units off on all 100 states", first) and "policy: std across states" in first
     piece = tmp_path / "first" / "pong-acer"
     assert (piece / "pong-acer.png").is_file()
     costs = [json.loads(line) for line in (tmp_path / "first" / "pipeline-costs.jsonl").read_text().splitlines()]

@@ -65,13 +65,15 @@ def test_a_run_from_weights_plays_the_saved_policy_and_continues_the_counters(tm
 @pytest.mark.parametrize("overrides, error, message", [
     (["loss=laser"], CheckpointError, "holds acer weights for CartPole-v1, not laser on CartPole-v1"),
     (["network.hidden=32"], CheckpointError, "does not match this configuration ("),
+    (["optim.name=rmsprop"], CheckpointError,
+     "its optimiser state is adam's, this run's optim.name=rmsprop"),
     (["total_frames=384"], ConfigError, "is at 384 env steps: give total_frames > 384"),
     (["total_frames=400", "acer.on_policy=false"], ConfigError,
      "ends before the first update: loss=acer takes it once 96 steps are collected (replay.min_size=96); give "
      "total_frames >= 480"),
 ])
 def test_weights_that_do_not_fit_the_run_are_one_line(tmp_path, saved, overrides, error, message):
-    """Another algorithm, another network, a run already as long as the weights' or too short to refill the replay
+    """Another algorithm, another network or optimiser, a run already as long as the weights' or too short to refill the replay
     for an update: refused before anything trains, in one line naming the file."""
     weights, _ = saved
     algo = "laser" if "loss=laser" in overrides else "acer"

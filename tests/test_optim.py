@@ -1,5 +1,5 @@
 """The learner's gradient clipping and Adam step (``acer_torchrl.optim.DirectStep``) against torch's
-``clip_grad_norm_`` and ``torch.optim.Adam.step``: the same bits."""
+``clip_grad_norm_`` and ``torch.optim.Adam.step``: the same bits; RMSProp against its update written out."""
 
 import copy
 
@@ -81,3 +81,46 @@ def test_other_adam_settings_take_torchs_own_step(options):
     assert not step.direct
     train(nets, optimizers, step, 3, 1.0)
     assert_same_bits(nets, optimizers)
+
+
+def test_rmsprop_is_a3cs_update_written_out():
+    """``optim.name=rmsprop``: per parameter ``g <- alpha g + (1 - alpha) grad^2``,
+    ``theta <- theta - lr grad / (sqrt(g) + eps)`` (Mnih et al. 2016, App. "Optimization", unshared; eps outside the
+    root as torch has it), checked over steps against that loop; the learner's clipping still applies first."""
+    from acer_torchrl.config import OptimConfig
+    from acer_torchrl.optim import make_optimiser
+
+    cfg = OptimConfig(name="rmsprop", lr=1e-2, eps=1e-3, alpha=0.9)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2))
+    optimizer = make_optimiser(list(net.parameters()), cfg)
+    step = DirectStep(optimizer)
+    assert type(optimizer) is torch.optim.RMSprop and not step.direct
+    theta = [p.detach().clone() for p in net.parameters()]
+    square = [torch.zeros_like(p) for p in theta]
+    for i in range(4):
+        x = torch.randn(16, 5, generator=torch.Generator().manual_seed(i))
+        net.zero_grad(set_to_none=True)
+        (100 * net(x)).square().mean().backward()
+        step.clip(1.0)
+        grads = [p.grad.clone() for p in net.parameters()]
+        step.step()
+        for k, grad in enumerate(grads):
+            square[k] = cfg.alpha * square[k] + (1 - cfg.alpha) * grad**2
+            theta[k] = theta[k] - cfg.lr * grad / (square[k].sqrt() + cfg.eps)
+    for ours, written in zip(net.parameters(), theta):
+        torch.testing.assert_close(ours, written, rtol=1e-5, atol=1e-7)
+
+
+def test_a_trainer_takes_the_optimiser_its_config_names(tmp_path):
+    from acer_torchrl.config import load_config
+    from acer_torchrl.trainer import Trainer
+
+    trainer = Trainer(load_config("acer", ["preset=cartpole", f"run_dir={tmp_path}", "optim.name=rmsprop",
+                                           "optim.alpha=0.95", "optim.eps=1e-4"]))
+    try:
+        (group,) = trainer.optimizer.param_groups
+        assert type(trainer.optimizer) is torch.optim.RMSprop and (group["alpha"], group["eps"]) == (0.95, 1e-4)
+        assert group["momentum"] == 0 and not group["centered"]
+    finally:
+        trainer.close()

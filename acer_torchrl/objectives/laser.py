@@ -18,7 +18,7 @@ regression and entropy bonus; no Q function) with the paper's three changes:
   :class:`~acer_torchrl.replay.EpisodeReplay` stores whole episodes, samples uniformly and recomputes the
   recurrent state at a sequence's start from its episode's first step (``replay.recurrent_state=refresh``).
 
-Deviations: the trainer's optimiser is Adam (the paper used RMSProp) and clips gradients by norm
+Deviations: the presets' optimiser is Adam (the paper's RMSProp is ``optim.name=rmsprop``) and clips gradients by norm
 (``optim.max_grad_norm``; the paper's Atari agent did not clip). The paper computed the entropy cost on
 online data only (sec. 5.1, "slightly better"); here it is computed on every relevant step, as the
 issue asks. Further:
