@@ -148,9 +148,12 @@ def make_torso(
 
 class GaussianHead(nn.Module):
     """Diagonal Gaussian policy statistics: a state-dependent mean and a std that is either fixed
-    (ACER's MuJoCo setting, sigma = 0.3) or a learned state-independent parameter through Softplus."""
+    (ACER's MuJoCo setting, sigma = 0.3) or a learned state-independent parameter through Softplus.
+    With ``bounds`` (low, high) the mean is ``c + h tanh(x)``, inside them (``c``, ``h``: their centre and
+    half-width); without, the linear layer's output."""
 
-    def __init__(self, in_dim: int, action_dim: int, init_std: float = 0.3, learn_std: bool = True):
+    def __init__(self, in_dim: int, action_dim: int, init_std: float = 0.3, learn_std: bool = True,
+                 bounds: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         self.loc = nn.Linear(in_dim, action_dim)
         raw = torch.log(torch.expm1(torch.full((action_dim,), float(init_std))))  # softplus^-1
@@ -158,9 +161,16 @@ class GaussianHead(nn.Module):
             self.raw_std = nn.Parameter(raw)
         else:
             self.register_buffer("raw_std", raw)
+        self.bounded = bounds is not None
+        if self.bounded:
+            low, high = bounds
+            self.register_buffer("center", (high + low) / 2)
+            self.register_buffer("half_width", (high - low) / 2)
 
     def forward(self, core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         loc = self.loc(core)
+        if self.bounded:
+            loc = torch.addcmul(self.center, self.half_width, loc.tanh())
         return loc, nn.functional.softplus(self.raw_std).expand_as(loc)
 
 

@@ -829,3 +829,28 @@ def test_standardize_where_it_cannot_be_fitted_first_is_one_clear_error(override
     cfg = load_config("acer", overrides)
     with pytest.raises(ConfigError, match=message):
         get_algorithm("acer").build(cfg, env_info(cfg.env))
+
+
+def test_bound_mean_keeps_the_acting_mean_inside_the_action_bounds_and_refuses_discrete_actions(tmp_path):
+    """acer.bound_mean=true: the policy's mean (stored as the behaviour's loc) stays in InvertedPendulum's [-3, 3] with
+    the mean layer's weights blown up; a run with it updates through the tanh; with discrete actions it is one clear
+    error."""
+    from acer_torchrl.cli import run
+    from acer_torchrl.envs import env_info
+    from acer_torchrl.settings import get_algorithm
+
+    cfg = load_config("acer", ["preset=pendulum", "acer.bound_mean=true"])
+    agent = get_algorithm("acer").build(cfg, env_info(cfg.env))
+    (head,) = [m for m in agent.policy.modules() if m.__class__.__name__ == "GaussianHead"]
+    with torch.no_grad():
+        head.loc.weight.mul_(1e4)
+        head.loc.bias.fill_(50.0)
+    td = agent.policy(TensorDict({"observation": 10 * torch.randn(32, 4)}, batch_size=[32]))
+    loc = td["behaviour", "loc"]
+    assert bool((loc.abs() <= 3.0).all()) and bool((loc.abs() > 2.9).any())
+    summary = run("acer", [*STANDARDIZED, "acer.standardize=false", "acer.bound_mean=true", "total_frames=400",
+                           f"run_dir={tmp_path}"])
+    assert summary["updates"] > 0 and summary["health"]["status"] == "ok", summary
+    cfg = load_config("acer", ["preset=cartpole", "acer.bound_mean=true"])
+    with pytest.raises(ConfigError, match="bounds a Gaussian policy's mean; CartPole-v1 has discrete actions"):
+        get_algorithm("acer").build(cfg, env_info(cfg.env))

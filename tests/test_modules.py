@@ -97,3 +97,20 @@ def test_a_chain_of_networks_gives_its_tensordict_calls_outputs_from_a_tensordic
         for key in ("core", ("critic", "q")):
             torch.testing.assert_close(out.get(key), expected.get(key), rtol=0, atol=0)
         assert out.get("other", None) is None  # the inputs the networks read, not the whole TensorDict
+
+
+def test_a_bounded_gaussian_mean_is_the_centre_plus_half_width_times_tanh_and_stays_inside():
+    """``GaussianHead(bounds=(low, high))``: ``loc = (high + low) / 2 + (high - low) / 2 * tanh(W x + b)``, within
+    [low, high] however large ``W x + b``; without bounds, ``loc = W x + b`` and the same std."""
+    torch.manual_seed(0)
+    low, high = torch.tensor([-2.0, 0.0]), torch.tensor([2.0, 1.0])
+    bounded = GaussianHead(3, 2, init_std=0.3, learn_std=False, bounds=(low, high))
+    free = GaussianHead(3, 2, init_std=0.3, learn_std=False)
+    free.load_state_dict({k: v for k, v in bounded.state_dict().items() if k not in ("center", "half_width")})
+    x = 100 * torch.randn(64, 3)
+    linear = x @ bounded.loc.weight.T + bounded.loc.bias
+    (loc, std), (free_loc, free_std) = bounded(x), free(x)
+    torch.testing.assert_close(loc, torch.stack([2 * linear[:, 0].tanh(), 0.5 + 0.5 * linear[:, 1].tanh()], -1))
+    assert bool(((loc >= low) & (loc <= high)).all()) and (linear.abs() > 10).any()
+    torch.testing.assert_close(free_loc, linear)
+    torch.testing.assert_close(std, free_std)

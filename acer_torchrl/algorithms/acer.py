@@ -55,6 +55,9 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
                               f"{tuple(info.obs_shape)}: set acer.standardize=false")
         encoder = StandardizedEncoder(make_encoder(info, net.hidden, net.activation), info.obs_shape[0])
     torso = make_torso(info, net.hidden, net.activation, net.lstm_hidden if net.lstm else None, encoder=encoder)
+    if a.bound_mean and info.discrete:
+        raise ConfigError(f"acer.bound_mean=true bounds a Gaussian policy's mean; {cfg.env.name} has discrete actions: "
+                          f"set acer.bound_mean=false")
     if info.discrete:
         policy_head = nn.Linear(torso.out_dim, info.num_actions)
         critic = TensorDictModule(nn.Linear(torso.out_dim, info.num_actions), ["core"], ["action_value"])
@@ -62,7 +65,8 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
         nn.init.orthogonal_(policy_head.weight, gain=0.01)  # start near the uniform policy
         nn.init.zeros_(policy_head.bias)
     else:
-        policy_head = GaussianHead(torso.out_dim, info.action_dim, a.init_std, a.learn_std)
+        bounds = (torch.tensor(info.action_low), torch.tensor(info.action_high)) if a.bound_mean else None
+        policy_head = GaussianHead(torso.out_dim, info.action_dim, a.init_std, a.learn_std, bounds)
         critic = TensorDictModule(nn.Linear(torso.out_dim, 1), ["core"], ["state_value"])
         advantage = SDNAdvantage(torso.out_dim, info.action_dim, a.sdn_hidden, net.activation)
         nn.init.orthogonal_(policy_head.loc.weight, gain=0.01)

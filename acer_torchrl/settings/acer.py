@@ -43,6 +43,11 @@ class ACERConfig:
     # standardise vector states with the mean and std of the first replay.min_size stored ones, fitted once before
     # the first replay update (V-RACER's App. B, eq. 14-15; not in ACER, which reads raw states)
     standardize: bool = False
+    # continuous: the Gaussian's mean through tanh into the action bounds, loc = c + h tanh(x) (c, h: the bounds'
+    # centre and half-width). Not in ACER, which does not say; pfrl's ACER MuJoCo example bounds it so. Unbounded,
+    # a mean can leave the bounds the env clips actions to, where the critic only extrapolates: ACER HalfCheetah
+    # (mujoco preset, seed 0) fell from 2 429 to -665 after 225k steps with |loc| ~14 (learning.md, sixteenth session)
+    bound_mean: bool = False
 
     def unused_keys(self, cfg: Config) -> dict[str, str]:
         """The trust region's keys (its constraint and its average policy network), without it; the replay's draw,
@@ -206,7 +211,7 @@ PRESETS: dict[str, dict[str, object]] = {
 
 # the fields of ACERConfig that build (algorithms/acer.py) reads itself (the others go to ACERLoss)
 BUILD_READS = ("init_std", "learn_std", "sdn_hidden", "on_policy", "trust_region", "target_update", "alpha",
-               "standardize")
+               "standardize", "bound_mean")
 
 ALGORITHM = Algorithm(
     "acer", ACERConfig, "acer_torchrl.algorithms.acer.build", PRESETS, DEFAULT_PRESET, BUILD_READS
