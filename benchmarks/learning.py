@@ -174,6 +174,20 @@ def write_row(path: Path, row: dict) -> None:
     os.replace(tmp, path)
 
 
+def check_overrides(parser: argparse.ArgumentParser, algo: str, preset: str, extra: list[str]) -> None:
+    """One usage error, before any seed starts, for a flag this script does not know (it would reach every seed's
+    recipe as a setting and fail it) and for settings the recipe would refuse (an unknown key, a bad value)."""
+    flags = [arg for arg in extra if arg.startswith("-")]
+    if flags:
+        parser.error(f"unrecognized arguments: {' '.join(flags)}")
+    from acer_torchrl.config import ConfigError, load_config
+
+    try:
+        load_config(algo, [f"preset={preset}", *extra])
+    except ConfigError as err:
+        parser.error(str(err))
+
+
 def benchmark(argv: list[str]) -> None:
     """Several seeds of one recipe, their row and curves (the module's docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -197,6 +211,7 @@ def benchmark(argv: list[str]) -> None:
                         help=f"replace the row's line of {ROWS} and its <name>.png (refused otherwise: they back "
                              "a committed row)")
     args, extra = parser.parse_known_args(argv)
+    check_overrides(parser, args.algo, args.preset, extra)
     name = args.name or f"{args.algo}-{args.preset}"
     if name in read_rows(args.results / ROWS) and not args.replace:
         parser.error(f"{args.results / ROWS} already holds a row {name}: give another --name, or --replace")

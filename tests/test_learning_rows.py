@@ -89,3 +89,18 @@ def test_a_resumed_benchmark_starts_anew_a_seed_stopped_before_its_first_checkpo
     assert "failed" not in summary and summary["env_steps"] >= 192, seed_dir.with_suffix(".log").read_text()[-2000:]
     assert (seed_dir / "checkpoint").is_dir()
     assert learning.recipe_args("cartpole", 1, 192, seed_dir, extra) == [f"resume={seed_dir}", "log.progress=false"]
+
+
+@pytest.mark.parametrize("given, message", [
+    (["--seed-offset", "700"], "error: unrecognized arguments: --seed-offset"),
+    (["acer.replay_ratioo=2"], "error: unknown config key 'acer.replay_ratioo'"),
+])
+def test_a_mistyped_flag_or_setting_is_one_usage_error_before_any_seed_runs(tmp_path, given, message):
+    """A flag the benchmark does not know used to reach every seed's recipe as a setting: each seed failed and the
+    benchmark still wrote a row of failures. Now it is refused first: exit code 2, nothing run or written."""
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    bench = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "acer", "cartpole", *TINY, *given,
+             "--results", str(results), "--runs", str(runs)]
+    out = subprocess.run(bench, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and message in out.stderr.strip().splitlines()[-1], out.stderr
+    assert "Traceback" not in out.stderr and not results.exists() and not runs.exists()
