@@ -14,6 +14,7 @@ gets the primer that declares them (:attr:`Torso.primers`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -66,7 +67,10 @@ class FrameEncoder(nn.Module):
 
 
 class NatureCNN(FrameEncoder):
-    """The DQN/A3C "Nature" convolutional encoder (Mnih et al. 2015) for uint8 [C, 84, 84] frames (0-255)."""
+    """The DQN/A3C "Nature" convolutional encoder (Mnih et al. 2015) for uint8 [C, 84, 84] frames (0-255), its
+    layers initialised orthogonally with ReLU's gain sqrt(2) and zero biases (as OpenAI Baselines' A2C/ACER/PPO):
+    under torch's default init the features shrink layer by layer (mean 0.02 after the third convolution on Pong)
+    and ACER's Pong networks went dead, nearly every unit off on every state (``benchmarks/results/gpu.md``)."""
 
     def __init__(self, in_channels: int, out_dim: int = 512):
         conv = nn.Sequential(
@@ -76,6 +80,10 @@ class NatureCNN(FrameEncoder):
             nn.Flatten(),
         )
         super().__init__(conv, nn.Sequential(nn.Linear(64 * 7 * 7, out_dim), nn.ReLU()), out_dim, pixel_max=255.0)
+        for layer in self.modules():
+            if isinstance(layer, (nn.Conv2d, nn.Linear)):
+                nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))
+                nn.init.zeros_(layer.bias)
 
 
 class MinAtarCNN(FrameEncoder):

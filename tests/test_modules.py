@@ -114,3 +114,17 @@ def test_a_bounded_gaussian_mean_is_the_centre_plus_half_width_times_tanh_and_st
     assert bool(((loc >= low) & (loc <= high)).all()) and (linear.abs() > 10).any()
     torch.testing.assert_close(free_loc, linear)
     torch.testing.assert_close(std, free_std)
+
+
+def test_the_nature_cnn_starts_orthogonal_with_relus_gain_and_zero_biases():
+    """Each layer's weight, flattened to [out, in], has orthonormal rows scaled by sqrt(2) (out <= in everywhere
+    here), and its bias is zero."""
+    from acer_torchrl.modules import NatureCNN
+
+    torch.manual_seed(0)
+    layers = [m for m in NatureCNN(4).modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    assert len(layers) == 4
+    for layer in layers:
+        w = layer.weight.detach().flatten(1)
+        torch.testing.assert_close(w @ w.T, 2.0 * torch.eye(w.shape[0]), atol=1e-4, rtol=0)
+        assert not layer.bias.any()
