@@ -205,6 +205,8 @@ class Config:
             unused["replay.prefetch"] = "replay.prioritized=true"
         if self.network.lstm and self.replay.recurrent_state == "refresh":  # draws run the network: Trainer.draws_ahead
             unused["replay.prefetch"] = "replay.recurrent_state=refresh"
+        if self.optim.name != "rmsprop":
+            unused["optim.alpha"] = f"optim.name={self.optim.name}"
         algorithm_unused = getattr(self.algo, "unused_keys", None)
         return {**unused, **(algorithm_unused(self) if algorithm_unused else {})}
 

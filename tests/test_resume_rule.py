@@ -250,6 +250,7 @@ UNUSED = [
     ("acer", ["acer.trust_region=false", "acer.delta=2"], "note: acer.delta=2 has no effect with acer.trust_region=false"),
     ("acer", ["acer.replay_ratio=0", "replay.batch_size=8"], "note: replay.batch_size=8 has no effect with acer.replay_ratio=0"),
     ("laser", ["laser.online_share=1", "replay.min_size=10"], "note: replay.min_size=10 has no effect with laser.online_share=1"),
+    ("acer", ["optim.alpha=0.9"], "note: optim.alpha=0.9 has no effect with optim.name=adam"),
 ]
 
 
