@@ -276,10 +276,25 @@ def _quiet_on_learner_hangups(excepthook: Callable) -> Callable:
 def learner_signals_held():
     """Block :func:`learner_signals` in this thread while a helper process starts: the child inherits them
     blocked (through ``exec`` too), so that a Ctrl-C during its interpreter's start and imports waits unseen
-    until it ignores them (:func:`ignore_learner_signals`). The learner loses none: one that comes meanwhile
-    is delivered when the block ends (or at once, to another of its threads)."""
+    until it ignores them (:func:`ignore_learner_signals`).
+
+    In the main thread their Python handlers are held as well: the kernel gives a signal this thread blocks to
+    another thread of the learner, and Python then runs the handler here all the same, where it cut a start in the
+    middle of sending the child its arguments (the child, not yet known to the learner, printed an ``EOFError``
+    traceback under a Ctrl-C's one line). The learner loses none: a signal that comes meanwhile is handled, by the
+    handler it would have met, as the block ends."""
+    held: list[tuple[int, object]] = []
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in learner_signals():
+            if callable(signal.getsignal(sig)):
+                handlers[sig] = signal.signal(sig, lambda signum, frame: held.append((signum, frame)))
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, learner_signals())
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        for signum, frame in held:
+            handlers[signum](signum, frame)

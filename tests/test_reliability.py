@@ -229,6 +229,34 @@ def _share_and_hang_up(helper: bool) -> None:
     time.sleep(1.0)  # the sharer's thread meets the closed connection meanwhile
 
 
+def test_a_signal_while_a_helper_starts_is_handled_once_the_start_is_done():
+    """With another thread alive (the learner has several), the kernel gives a SIGINT that the starting thread
+    blocks to that thread, and Python ran the handler in the start all the same: a CI run's Ctrl-C cut a worker's
+    start in the middle of sending it its arguments, and the worker printed a traceback. The handler now runs as
+    the start ends, once, with the signal it got."""
+    from acer_torchrl.processes import learner_signals_held
+
+    seen, other_thread_up, stop = [], threading.Event(), threading.Event()
+    other = threading.Thread(target=lambda: (other_thread_up.set(), stop.wait(10)))
+    def mine(signum, _frame):
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGINT, mine)
+    try:
+        other.start()
+        other_thread_up.wait(10)
+        with learner_signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # the other thread takes it; Python's check comes at the next instructions here
+            assert seen == [], "the handler ran inside the start"
+        assert seen == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is mine, "the run's own handler is back"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        stop.set()
+        other.join()
+
+
 @pytest.mark.integration
 def test_a_helper_is_quiet_when_the_stopping_learner_hangs_up_on_what_it_shares(capfd):
     """A collector worker's batch reaches the learner as file descriptors that a thread of the worker serves; a
