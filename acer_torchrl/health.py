@@ -25,11 +25,31 @@ slowly past ``NOTE_FACTOR`` times its start level without reaching the diverged 
 ``health``'s ``critic_loss_growth``: its largest factor and where): ACER CartPole's critic grew ~300x over 300k steps
 on two seeds while every evaluation stayed at 500 (``benchmarks/results/cartpole-stability.md``), a growth that
 came before a fall on another seed.
+
+Two failures that no loss shows are noted the same way (one line each, the first time a metrics row's statistic
+stays past its limit for ``ROW_PATIENCE`` rows; the run stays ``ok``), from statistics each row records:
+
+* ``dead_unit_share``: the largest share of a ReLU layer's units (a conv layer's channels) of the acting policy's
+  network that were off on every state of the row's last batch of updates (:class:`ReLUActivity`), noted from
+  ``DEAD_SHARE`` on (``health.dead_units``). Such a network outputs nearly the same policy in every state: ACER's
+  Pong run of 2.63M steps ended with conv1 31/32 and conv2 64/64 off (2/32 and 0/64 at initialisation), greedy -21
+  throughout, health ``ok`` (``benchmarks/results/gpu.md``, 2026-11-28).
+* ``mean_outside_bounds``: the share of a Gaussian policy's mean entries, as it acted in the row's batch, outside
+  the action bounds, noted from ``OUTSIDE_SHARE`` on (``health.mean_outside_bounds``). The env clips actions
+  to the bounds, so out there every mean plays the same and only the critic's extrapolation moves it: ACER's
+  HalfCheetah (``mujoco`` preset, seed 0, no ``acer.bound_mean``) fell from 3 256 to -665 with 95 % of its mean's
+  entries outside (``benchmarks/results/learning.md``, sixteenth session).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+from collections.abc import Iterator
+
+import torch
+from torch import nn
 
 FACTOR = 100.0  # how far above its running scale a statistic may go
 PATIENCE = 5  # updates in a row it must stay there (a short spike is noise)
@@ -43,6 +63,8 @@ LOSS_FACTOR = 1000.0  # the critic loss may grow three orders of magnitude over 
 NOTE_FACTOR = 100.0  # a critic loss this far over that level is noted in the summary (not a divergence)
 START_ROWS = 3  # that level: the largest critic loss of the first rows with updates
 ROW_PATIENCE = 2  # metrics rows in a row a statistic must stay past its limit
+DEAD_SHARE = 0.9  # a ReLU layer with this share of its units off on every state of a row's updates is noted
+OUTSIDE_SHARE = 0.5  # a Gaussian mean with this share of its entries outside the action bounds is noted
 
 
 class Health:
@@ -65,6 +87,7 @@ class Health:
         self.critic_start: list[float] = []  # the critic loss of the first START_ROWS rows with updates
         self.diverged: dict | None = None  # the first update where it went wrong
         self.critic_growth: dict | None = None  # the critic loss's largest factor over its start, once >= NOTE_FACTOR
+        self.liveness: dict[str, dict] = {}  # dead_units / mean_outside_bounds: where each was first noted
 
     def watched(self, stats: dict[str, float]) -> dict[str, float]:
         return {k: v for k, v in stats.items() if k.startswith("loss_") or k == "grad_norm" or k in self.value_keys}
@@ -98,10 +121,12 @@ class Health:
             return FLOOR
         return max(FLOOR, 0.5 * (ERROR_SHARE * self.reward_max / (1.0 - self.gamma)) ** 2)
 
-    def observe_row(self, row: dict[str, float], update: int, env_steps: int) -> str | None:
+    def observe_row(self, row: dict[str, float], update: int, env_steps: int, dead_layer: str | None = None) -> str | None:
         """Check a metrics row (the means of the updates since the last row, ``reward_abs_max``, ``reward_scale``
-        where the loss scales rewards) taken after update ``update`` at ``env_steps``; returns a warning line the
-        first time the run is found diverged. Rows without updates (before learning starts) are skipped."""
+        where the loss scales rewards, the liveness statistics) taken after update ``update`` at ``env_steps``;
+        returns a warning line the first time the run is found diverged, else its notes (one line each), if any.
+        ``dead_layer`` names the layer behind the row's ``dead_unit_share`` (``"name: off/units"``). Rows without
+        updates (before learning starts) are skipped."""
         if self.diverged is not None or "loss_critic" not in row:
             return None
         if len(self.critic_start) < START_ROWS:
@@ -111,7 +136,35 @@ class Health:
             first = persisting(self.row_streak, key, past, (update, env_steps, value), ROW_PATIENCE)
             if first is not None:
                 return self._flag(key, first[2], first[0], first[1], f"{why} for {ROW_PATIENCE} metrics rows")
-        return self._note_critic_growth(row, update, env_steps)
+        notes = [self._note_critic_growth(row, update, env_steps), *self._note_liveness(row, update, env_steps, dead_layer)]
+        return "\n".join(n for n in notes if n) or None
+
+    def _note_liveness(self, row: dict[str, float], update: int, env_steps: int, dead_layer: str | None) -> list[str]:
+        """The notes of a dead network and of a mean outside the action bounds, each the first time its statistic
+        stays at or past its limit for ``ROW_PATIENCE`` rows (kept in :attr:`liveness` from where that began)."""
+        notes = []
+        for key, entry, limit in (("dead_unit_share", "dead_units", DEAD_SHARE),
+                                  ("mean_outside_bounds", "mean_outside_bounds", OUTSIDE_SHARE)):
+            if key not in row or entry in self.liveness:
+                continue
+            here = (update, env_steps, row[key])
+            first = persisting(self.row_streak, key, row[key] >= limit, here, ROW_PATIENCE)
+            if first is None:
+                continue
+            self.liveness[entry] = {"share": round(first[2], 3), "update": first[0], "env_steps": first[1]}
+            if key == "dead_unit_share":
+                self.liveness[entry]["layer"] = dead_layer
+                notes.append(f"note: {first[2]:.0%} of a ReLU layer's units ({dead_layer or 'its largest share'}) were "
+                             f"off on every state of the updates from update {first[0]} ({first[1]} env steps) for "
+                             f"{ROW_PATIENCE} metrics rows: a dead network outputs nearly the same policy in every "
+                             "state; the run goes on: watch its evaluations (summary.json: health.dead_units)")
+            else:
+                notes.append(f"note: {first[2]:.0%} of the policy mean's entries were outside the action bounds from "
+                             f"update {first[0]} ({first[1]} env steps) for {ROW_PATIENCE} metrics rows: the env "
+                             "clips actions there, and only the critic's extrapolation moves the mean (ACER: "
+                             "acer.bound_mean=true keeps it inside); the run goes on (summary.json: "
+                             "health.mean_outside_bounds)")
+        return notes
 
     def _note_critic_growth(self, row: dict[str, float], update: int, env_steps: int) -> str | None:
         """Keeps the critic loss's largest factor over its start level once it reaches ``NOTE_FACTOR``; returns a note
@@ -166,17 +219,20 @@ class Health:
         """The ``health`` entry of ``summary.json``: ``{"status": "ok"}``, or ``"diverged"`` and where; with
         ``critic_loss_growth`` once the critic loss reached ``NOTE_FACTOR`` times its start level."""
         status = {"status": "ok"} if self.diverged is None else {"status": "diverged", **self.diverged}
-        return status if self.critic_growth is None else {**status, "critic_loss_growth": dict(self.critic_growth)}
+        if self.critic_growth is not None:
+            status["critic_loss_growth"] = dict(self.critic_growth)
+        return {**status, **{k: dict(v) for k, v in self.liveness.items()}}
 
     def state(self) -> dict:
         return {"scale": dict(self.scale), "diverged": self.diverged, "critic_growth": self.critic_growth,
-                "reward_max": self.reward_max,
+                "reward_max": self.reward_max, "liveness": {k: dict(v) for k, v in self.liveness.items()},
                 "critic_start": list(self.critic_start), "row_streak": {k: list(v) for k, v in self.row_streak.items()}}
 
     def load_state(self, state: dict) -> None:
         self.scale = dict(state.get("scale", {}))
         self.diverged = state.get("diverged")
         self.critic_growth = state.get("critic_growth")
+        self.liveness = {k: dict(v) for k, v in state.get("liveness", {}).items()}
         self.reward_max = state.get("reward_max", 0.0)
         self.critic_start = list(state.get("critic_start", []))
         self.row_streak = {k: tuple(v) for k, v in state.get("row_streak", {}).items()}
@@ -194,3 +250,37 @@ def persisting(streaks: dict, key: str, past: bool, here: tuple[int, int, float]
         return tuple(first)
     streaks[key] = (*first, length + 1)
     return None
+
+
+class ReLUActivity:
+    """Which units of a network's ReLU layers (a conv layer's channels) were on for some state, over the forward
+    passes made inside :meth:`watching`: forward hooks on the network's ``nn.ReLU`` modules, no pass of their own.
+    The learner's updates call the acting policy's modules (shared with the loss), so the states are those of the
+    replayed batches."""
+
+    def __init__(self, network: nn.Module):
+        self.layers = [(name, module) for name, module in network.named_modules() if isinstance(module, nn.ReLU)]
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Yields ``{layer name: [units] bool tensor, a unit on for some state}``, filled as the block's passes run."""
+        on: dict[str, torch.Tensor] = {}
+
+        def record(name: str, _module, _inputs, out: torch.Tensor) -> None:
+            seen = (out > 0).flatten(-2).any(-1) if out.ndim >= 4 else out > 0  # [..., C, H, W]: a channel anywhere
+            seen = seen.reshape(-1, seen.shape[-1]).any(0)
+            on[name] = on[name] | seen if name in on else seen
+
+        hooks = [module.register_forward_hook(functools.partial(record, name)) for name, module in self.layers]
+        try:
+            yield on
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+
+def most_dead_layer(on: dict[str, torch.Tensor]) -> tuple[str, int, int] | None:
+    """Of :meth:`ReLUActivity.watching`'s record: the layer with the largest share of units never on, as
+    ``(name, units off, units)``; None when no ReLU ran."""
+    counts = [(name, int((~seen).sum()), seen.numel()) for name, seen in on.items()]
+    return max(counts, key=lambda c: c[1] / c[2], default=None)

@@ -35,11 +35,11 @@ from acer_torchrl.commands import shell_command
 from acer_torchrl.config import Config, ConfigError, dump_yaml, resume_changes
 from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config, evaluation_seed
-from acer_torchrl.health import Health
+from acer_torchrl.health import Health, ReLUActivity, most_dead_layer
 from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, make_loggers, os_reason,
                                   read_summary, save_learning_curve, write_summary)
 from acer_torchrl.objectives.common import objective
-from acer_torchrl.objectives.names import PRIORITY_KEY, PRIORITY_WEIGHT_KEY
+from acer_torchrl.objectives.names import BEHAVIOUR, PRIORITY_KEY, PRIORITY_WEIGHT_KEY
 from acer_torchrl.optim import DirectStep, make_optimiser, optimiser_name, optimiser_settings
 from acer_torchrl.processes import RunGuard, StopSignals
 from acer_torchrl.priority_tree import SequencePriorities
@@ -132,6 +132,7 @@ class Trainer:
         self.log = MetricsLog(self.run_dir, make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb))
         self.health = Health(self.agent.value_keys, gamma=cfg.gamma,
                              num_actions=self.info.num_actions if self.info.discrete else None)
+        self.activity = ReLUActivity(self.agent.policy)  # a dead network (acer_torchrl.health), watched once a row
         self.evaluator: BackgroundEvaluator | InlineEvaluator | None = None  # from start() to close()
         self._collector = None  # from start() to stop_collecting()
         self._bar = None  # the progress bar, while the clock runs
@@ -464,13 +465,31 @@ class Trainer:
         progress = min(self.counters.env_steps / self.cfg.total_frames, 1.0)
         return 1.0 - (1.0 - self.cfg.optim.lr_end_factor) * progress
 
-    def watch_health(self, stats: dict[str, float], row: bool = False) -> None:
-        """Hand an update's statistics (``row``: a metrics row's) to the divergence watch; its warning (once) goes
-        to stderr."""
-        observe = self.health.observe_row if row else self.health.observe
-        warning = observe(stats, self.counters.updates, self.counters.env_steps)
+    def watch_health(self, stats: dict[str, float], row: bool = False, dead_layer: str | None = None) -> None:
+        """Hand an update's statistics (``row``: a metrics row's, ``dead_layer`` naming the layer behind its
+        ``dead_unit_share``) to the divergence watch; its warning (once) or notes go to stderr."""
+        if row:
+            warning = self.health.observe_row(stats, self.counters.updates, self.counters.env_steps, dead_layer)
+        else:
+            warning = self.health.observe(stats, self.counters.updates, self.counters.env_steps)
         if warning is not None:
             tqdm.write(warning, file=sys.stderr)
+
+    def liveness(self, batch: TensorDictBase, on: dict[str, torch.Tensor]) -> tuple[dict[str, float], str | None]:
+        """A metrics row's liveness statistics (``acer_torchrl.health``) and the layer behind the first: the largest
+        share of a ReLU layer's units off on every state of the batch's updates (``on``: their
+        :meth:`~acer_torchrl.health.ReLUActivity.watching` record), and for a Gaussian policy the share of its mean's
+        entries, as it acted in ``batch``, outside the action bounds."""
+        stats, layer = {}, None
+        if (dead := most_dead_layer(on)) is not None:
+            name, off, units = dead
+            stats["dead_unit_share"], layer = off / units, f"{name}: {off}/{units}"
+        loc = batch.get((BEHAVIOUR, "loc"), None)
+        if loc is not None and self.info.action_low is not None:
+            low, high = (torch.tensor(b, dtype=loc.dtype, device=loc.device)
+                         for b in (self.info.action_low, self.info.action_high))
+            stats["mean_outside_bounds"] = float(((loc < low) | (loc > high)).float().mean())
+        return stats, layer
 
     # ----------------------------------------------------- the whole run (RunGuard drives the step API)
     def train(self) -> dict:
@@ -695,7 +714,9 @@ class Trainer:
         done = batch.get(("next", "done"))
         returns += batch.get(("next", "episode_reward"))[done].tolist()
         c.episodes += int(done.sum())
-        with contextlib.closing(self.planned_batches(self.loss.update_plan(self.rng))) as samples:
+        row_due = c.env_steps >= c.next_eval or self._final_window_due(c.env_steps - steps, c.env_steps)
+        watch = self.activity.watching() if row_due else contextlib.nullcontext({})  # a row's updates: their ReLUs
+        with watch as on, contextlib.closing(self.planned_batches(self.loss.update_plan(self.rng))) as samples:
             for sample in samples:
                 for key, value in self.update(sample).items():
                     window.setdefault(key, []).append(value)
@@ -705,7 +726,7 @@ class Trainer:
         self._bar.update(steps)
         if returns:
             self._bar.set_postfix(ret=f"{np.mean(returns):.1f}", upd=c.updates)
-        if c.env_steps >= c.next_eval or self._final_window_due(c.env_steps - steps, c.env_steps):
+        if row_due:
             c.next_eval += cfg.eval.interval * max(1, math.ceil((c.env_steps - c.next_eval + 1) / cfg.eval.interval))
             # the means of the updates' statistics since the last row, taken once a row: after every batch they cost
             # 14 means over up to an interval's updates, a measurable share of V-RACER's MuJoCo preset's run
@@ -718,7 +739,9 @@ class Trainer:
             metrics["lr"] = self.optimizer.param_groups[0]["lr"]
             metrics["collector_dropped_steps"] = self.replay.steps_missing  # not in env_steps (see replay.py)
             metrics["reward_abs_max"] = self.health.reward_max  # the value bound's max|r| (acer_torchrl.health)
-            self.watch_health(metrics, row=True)
+            alive, dead_layer = self.liveness(batch, on)
+            metrics.update(alive)
+            self.watch_health(metrics, row=True, dead_layer=dead_layer)
             self.ask_evaluation(metrics)
             window.clear()
             returns.clear()

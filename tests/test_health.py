@@ -1,5 +1,6 @@
 """The divergence watch (acer_torchrl.health) on recorded and built traces: a recorded ACER CartPole runaway
-replayed from its metrics rows, a slow runaway that the per-update running scale follows, and healthy runs.
+replayed from its metrics rows, a slow runaway that the per-update running scale follows, and healthy runs; the
+liveness notes (a dead network, a mean outside the action bounds) on built rows and on real runs.
 
 ``tests/data/*-metrics.csv.gz`` are trimmed copies of real runs' ``metrics.csv`` (the columns the row watch reads,
 values as recorded); how each was made is in the test that reads it.
@@ -11,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from acer_torchrl.health import BOUND_FACTOR, LOSS_FACTOR, NOTE_FACTOR, ROW_PATIENCE, START_ROWS, Health
+import torch
+from torch import nn
+
+from acer_torchrl.health import (BOUND_FACTOR, DEAD_SHARE, LOSS_FACTOR, NOTE_FACTOR, OUTSIDE_SHARE, ROW_PATIENCE,
+                                 START_ROWS, Health, ReLUActivity, most_dead_layer)
 
 DATA = Path(__file__).resolve().parent / "data"
 ACER_VALUES = ("state_value", "q_ret")  # ACERLoss.value_keys
@@ -224,3 +229,107 @@ def test_the_recorded_300k_cartpole_runs_are_ok_and_the_growing_critic_is_noted(
         assert note.startswith("note: loss_critic=") and health.summary()["critic_loss_growth"]["factor"] > 300
     else:
         assert note is None and health.summary() == {"status": "ok"}
+
+
+def test_relu_activity_counts_the_units_off_on_every_state_of_every_watched_pass():
+    """Dense units and conv channels; a unit on for one state of one pass is alive; passes outside the block and
+    after it are not seen."""
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Linear(3, 8), nn.ReLU())
+    with torch.no_grad():
+        dense[0].weight.zero_()
+        dense[0].bias.copy_(torch.tensor([1.0, 1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0]))
+        dense[0].weight[2, 0] = 1.0  # unit 2 on only where x0 > 1
+        dense[0].weight[3, 1] = 1.0  # unit 3 on only where x1 > 1
+    conv = nn.Sequential(nn.Conv2d(1, 4, 1), nn.ReLU())
+    with torch.no_grad():
+        conv[0].weight.fill_(1.0)
+        conv[0].bias.copy_(torch.tensor([0.0, -2.0, -9.0, -9.0]))  # channel 1 on only at a pixel > 2
+    net = nn.ModuleDict({"dense": dense, "conv": conv})
+    activity = ReLUActivity(net)
+    dense(torch.full((4, 3), 5.0))  # outside the block: not seen
+    with activity.watching() as on:
+        dense(torch.zeros(2, 5, 3))  # [B, T, units]: units 0, 1 on
+        conv(torch.zeros(2, 1, 3, 3))  # channel 0 off (0 is not > 0), all off
+    assert [int((~on[k]).sum()) for k in ("dense.1", "conv.1")] == [6, 4]
+    assert most_dead_layer(on) == ("conv.1", 4, 4)
+    with activity.watching() as on:
+        dense(torch.tensor([[0.0, 0.0, 0.0], [2.0, 0.0, 0.0]]))  # unit 2 on for one state of the pass
+        dense(torch.tensor([[0.0, 3.0, 0.0]]))  # unit 3 on in another pass
+        image = torch.zeros(2, 1, 3, 3)
+        image[1, 0, 2, 1] = 3.0  # one pixel of one state turns channels 0 and 1 on
+        conv(image)
+    assert on["dense.1"].tolist() == [True] * 4 + [False] * 4
+    assert on["conv.1"].tolist() == [True, True, False, False]
+    assert most_dead_layer(on) == ("dense.1", 4, 8)
+    assert most_dead_layer({}) is None
+    with activity.watching() as on:
+        pass
+    dense(torch.zeros(1, 3))
+    assert on == {}, "the hooks are gone after the block"
+
+
+@pytest.mark.parametrize(("key", "entry", "limit"), [("dead_unit_share", "dead_units", DEAD_SHARE),
+                                                      ("mean_outside_bounds", "mean_outside_bounds", OUTSIDE_SHARE)])
+def test_a_liveness_statistic_past_its_limit_for_patience_rows_is_noted_once_and_kept_across_a_resume(key, entry, limit):
+    """One row at the limit is a blip; ``ROW_PATIENCE`` rows in a row are noted once (from the first of them), the
+    run stays ``ok``, and a resumed watch neither forgets nor repeats it."""
+    shares = [0.1, limit, 0.2, limit, min(1.0, limit + 0.05), 1.0, 0.3]
+    rows = [{"env_steps": 1000.0 * (i + 1), "updates": 10.0 * (i + 1), "loss_critic": 1.0, "state_value": 1.0,
+             "reward_abs_max": 1.0, key: share} for i, share in enumerate(shares)]
+    health = cartpole_health()
+    notes = [health.observe_row(r, int(r["updates"]), int(r["env_steps"]), "torso.1: 29/32") for r in rows[:5]]
+    assert ROW_PATIENCE == 2 and [n is not None for n in notes] == [False, False, False, False, True]
+    assert notes[4].startswith("note: ") and f"health.{entry}" in notes[4] and "from update 40 (4000 env steps)" in notes[4]
+    expected = {"share": round(limit, 3), "update": 40, "env_steps": 4000}
+    if key == "dead_unit_share":
+        expected["layer"] = "torso.1: 29/32"
+        assert "torso.1: 29/32" in notes[4]
+    else:
+        assert "acer.bound_mean=true" in notes[4]
+    assert health.summary() == {"status": "ok", entry: expected}
+    resumed = cartpole_health()
+    resumed.load_state(health.state())
+    assert replay_rows(resumed, rows[5:]) is None
+    assert resumed.summary() == health.summary()
+    below = cartpole_health()
+    assert replay_rows(below, [{**r, key: limit - 0.01} for r in rows]) is None and below.summary() == {"status": "ok"}
+
+
+LIVENESS_RUN = ["total_frames=384", "eval.interval=64", "collector.workers=0", "collector.frames_per_batch=32",
+                "replay.min_size=64", "eval.episodes=1", "eval.max_steps=20", "log.progress=false"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("failure", ["dead_units", "mean_outside_bounds", "neither"])
+def test_a_run_notes_a_dead_network_and_a_mean_outside_the_bounds_and_stays_ok(tmp_path, capsys, failure):
+    """Real in-process ACER InvertedPendulum runs (no acer.bound_mean): its torso's first layer killed (every unit's
+    bias -1e4: its gradient is zero, it stays dead), or its mean's bias at 50 (the bounds are [-3, 3]). Each
+    failure gets its one note and its ``health`` entry, each row its statistic in ``metrics.csv``; an untouched
+    run gets neither."""
+    from acer_torchrl.config import load_config
+    from acer_torchrl.modules import GaussianHead
+    from acer_torchrl.trainer import Trainer
+
+    run_dir = tmp_path / "run"
+    trainer = Trainer(load_config("acer", ["preset=pendulum", f"run_dir={run_dir}", "network.hidden=16",
+                                           "acer.bound_mean=false", *LIVENESS_RUN]))
+    first_linear = next(m for m in trainer.agent.policy.modules() if isinstance(m, nn.Linear))
+    with torch.no_grad():
+        if failure == "dead_units":
+            first_linear.bias.fill_(-1e4)
+        elif failure == "mean_outside_bounds":
+            next(m for m in trainer.agent.policy.modules() if isinstance(m, GaussianHead)).loc.bias.fill_(50.0)
+    summary = trainer.train()
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    with (run_dir / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("loss_critic")]
+    assert rows and all(r["dead_unit_share"] != "" and r["mean_outside_bounds"] != "" for r in rows)
+    assert summary["health"]["status"] == "ok"
+    noted = {k for k in ("dead_units", "mean_outside_bounds") if k in summary["health"]}
+    assert noted == (set() if failure == "neither" else {failure}), summary["health"]
+    assert len(notes) == len(noted) and all(f"health.{k}" in n for k, n in zip(sorted(noted), notes))
+    if failure == "dead_units":
+        assert summary["health"]["dead_units"]["share"] == 1.0 and summary["health"]["dead_units"]["layer"].endswith("16/16")
+    if failure == "mean_outside_bounds":
+        assert summary["health"]["mean_outside_bounds"]["share"] == 1.0
