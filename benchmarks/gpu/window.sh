@@ -12,9 +12,10 @@
 # DRY=1: the same on CPU with tiny budgets (a MinAtar row, an ACER CartPole run instead of Pong), as
 # tests/test_gpu_window.py runs it. PARTS: which parts (default "tests rows pong"; also "prefetch": ACER's row with
 # replay.prefetch=true). tests and rows take ~410 s on an H100, leaving Pong ~55 s of 540: where the rows of this
-# code are committed already, run PARTS="prefetch pong" or PARTS=pong.
+# code are committed already, run PARTS="prefetch pong" or PARTS=pong; ALGOS=acer PARTS="rows prefetch pong": ACER's
+# row without and with prefetch on one machine (~200 s), then Pong.
 # PONG_ARGS: the Pong run's settings over the preset's (default below; a resumed run may change only applied ones).
-# usage: [DRY=1] [OUT=dir] [PONG_DIR=dir] [PYTHON=python3] [BUDGET_S=540] [PARTS=...] [PONG_ARGS=...] bash benchmarks/gpu/window.sh
+# usage: [DRY=1] [OUT=dir] [PONG_DIR=dir] [PYTHON=python3] [BUDGET_S=540] [PARTS=...] [ALGOS=...] [PONG_ARGS=...] bash benchmarks/gpu/window.sh
 set -u
 out=${OUT:-results/window}
 pong_dir=${PONG_DIR:-benchmarks/results/gpu/pong-acer}
@@ -25,7 +26,7 @@ if [ "${DRY:-0}" = 1 ]; then
   pong_preset=cartpole reserve_s=35 run_dir=${RUN_DIR:-$out/run} probe_states=100
   pong_args="collector.workers=1 total_frames=1000000 eval.interval=600 eval.episodes=2 replay.min_size=200"
 else
-  tests_s=150 algos="acer laser reactor" row_s=100 row_args="atari_gpu --seconds 45 --alone 60 replay.min_size=5000"
+  tests_s=150 algos=${ALGOS:-"acer laser reactor"} row_s=100 row_args="atari_gpu --seconds 45 --alone 60 replay.min_size=5000"
   # OpenAI Baselines' ACER settings for Pong on the preset's shape (16 games x k = 20 a batch, replay ratio 4):
   # RMSProp 7e-4 decayed linearly to 0 over the 10M steps, entropy 0.01, critic weight 0.5, clipping at 10. The
   # preset's Adam 1e-3 left the Nature CNN dead by 2.6M steps (gpu.md, 2026-11-28), the run in gpu/pong-acer-adam/
