@@ -187,7 +187,8 @@ PRESETS: dict[str, dict[str, object]] = {
         "acer.init_std": 0.3,
         "acer.learn_std": False,
         # not in ACER: the mean tanh-bounded to the action bounds, named before its pilot (HalfCheetah-v5, tuning seed
-        # 700, 300k steps: final score 3 765.2, the rule >= 2 431 held; learning.md, acer-halfcheetah-bound-mean-pilot)
+        # 700, 300k steps: final score 3 765.2, the rule >= 2 431 held; learning.md, acer-halfcheetah-bound-mean-pilot);
+        # on seeds 0-2 it did not carry over: HalfCheetah 1 901.4, Hopper 874.2 (acer-*-bounded)
         "acer.bound_mean": True,
     },
     "pendulum": {
