@@ -22,6 +22,7 @@ frames (3 episodes): 500.0 on seeds 0-4 and 419.3 on seed 5; every seed first sc
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 
@@ -127,10 +128,16 @@ def train(total_frames: int, seed: int) -> None:
     total_frames = -(-total_frames // FRAMES_PER_BATCH) * FRAMES_PER_BATCH  # whole batches, as the collector takes
     collector = Collector(env, behaviour, frames_per_batch=FRAMES_PER_BATCH, total_frames=total_frames,
                           auto_register_policy_transforms=False)  # feed-forward: no InitTracker to add
+    # Ctrl-C is noted and acted on between batches: raised wherever Python was (a __del__ included), a
+    # KeyboardInterrupt can be dropped, and the run went on (a CI run's Ctrl-C test timed out so)
+    stop = []
+    signal.signal(signal.SIGINT, lambda *_: stop.append(True))
     print(f"ACER on {ENV}, seed {seed}: {total_frames} frames", flush=True)
     frames, start = 0, time.time()
     try:
         for batch in collector:
+            if stop:
+                raise KeyboardInterrupt
             frames += batch.numel()
             replay.extend(batch)
             # on-policy: the fresh steps as windows (an episode may end inside one: the loss cuts its trace there)
