@@ -217,7 +217,8 @@ class Health:
 
     def summary(self) -> dict:
         """The ``health`` entry of ``summary.json``: ``{"status": "ok"}``, or ``"diverged"`` and where; with
-        ``critic_loss_growth`` once the critic loss reached ``NOTE_FACTOR`` times its start level."""
+        ``critic_loss_growth`` once the critic loss reached ``NOTE_FACTOR`` times its start level, and ``dead_units`` /
+        ``mean_outside_bounds`` once noted."""
         status = {"status": "ok"} if self.diverged is None else {"status": "diverged", **self.diverged}
         if self.critic_growth is not None:
             status["critic_loss_growth"] = dict(self.critic_growth)
