@@ -13,7 +13,9 @@ extra: ``pip install -e '.[bench]'``), and, as secondary figures, the env steps 
 evaluation first reached the threshold, wall time and env steps/s.
 
 SIGINT or SIGTERM, to the benchmark alone or to its whole group, stops the running seeds (each checkpoints) and
-starts no further seed; ``--resume`` then goes on from there.
+starts no further seed; ``--resume`` then goes on from there. The seeds it had finished are also kept in
+``results/<name>-partial/`` (:func:`record_partial`), so that they outlive the machine: where the benchmark's
+directory is gone, ``--restore-partial`` reads them from there and runs only the others. The row replaces that record.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,6 +103,47 @@ def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extr
     summary["seed"] = seed
     summary["final_score"] = final_score(summary["curve"], summary["env_steps"]).mean
     return summary
+
+
+def partial_dir(results: Path, name: str) -> Path:
+    """Where an interrupted benchmark keeps the seeds it finished (``<row>-partial``: the MinAtar summary reads it)."""
+    return results / f"{name}-partial"
+
+
+def record_partial(folder: Path, bench_dir: Path, finished: list[dict], command: str) -> None:
+    """The ``finished`` seeds' (:func:`run_seed`'s results) ``summary.json`` and ``metrics.csv`` from ``bench_dir``
+    as ``folder/seed<k>-summary.json`` and ``seed<k>-metrics.csv``, and a README with ``command`` and their final
+    scores. A row's seeds can take longer than a session, and a session's machine may be a fresh one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for result in finished:
+        seed = result["seed"]
+        for stem in ("summary.json", "metrics.csv"):
+            shutil.copyfile(bench_dir / f"seed{seed}" / stem, folder / f"seed{seed}-{stem}")
+    scores = ", ".join(f"seed {r['seed']} {r['final_score']:.1f}" for r in sorted(finished, key=lambda r: r["seed"]))
+    (folder / "README.md").write_text(
+        f"# {folder.name}: the seeds a benchmark finished before it was stopped (not a learning.md row)\n\n"
+        f"    {command}\n\nFinal scores (mean greedy return over the last 10 % of the env steps): {scores}. Written "
+        f"{time.strftime('%Y-%m-%d')}. The other seeds go on with `--resume <its directory>`, or, where that is gone,\n"
+        "`--restore-partial` (these seeds read from here, the others run); the row replaces this record.\n")
+
+
+def restore_partial(folder: Path, bench_dir: Path) -> list[int]:
+    """Each seed of the record ``folder`` (:func:`record_partial`) that ``bench_dir`` has not finished, put back
+    there as a finished run (its ``summary.json`` and ``metrics.csv``: what :func:`run_seed` reads); the seeds."""
+    restored = []
+    for summary in sorted(folder.glob("seed*-summary.json")):
+        seed = int(summary.name.removeprefix("seed").removesuffix("-summary.json"))
+        run_dir = bench_dir / f"seed{seed}"
+        if (run_dir / "summary.json").exists():
+            continue
+        if holds_run(run_dir):
+            raise SystemExit(f"error: {run_dir} holds a run of seed {seed} and {folder} a finished one: "
+                             "drop one of them")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(folder / f"seed{seed}-metrics.csv", run_dir / "metrics.csv")
+        shutil.copyfile(summary, run_dir / "summary.json")
+        restored.append(seed)
+    return restored
 
 
 def iqm_with_ci(scores: list[float], reps: int = 50_000, seed: int = 0) -> tuple[float, float, float]:
@@ -204,6 +248,9 @@ def benchmark(argv: list[str]) -> None:
     parser.add_argument("--resume", type=Path, default=None,
                         help="a killed benchmark's directory (<runs>/<name>-<date>): finished seeds are read, "
                              "the others resume from their checkpoints, missing ones start")
+    parser.add_argument("--restore-partial", action="store_true",
+                        help="the seeds an interrupted benchmark of this name recorded in <results>/<name>-partial/ "
+                             "are read from there, the others run (its directory is gone: another machine)")
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help=f"where the row's line of {ROWS} and its <name>.png go and learning.md is extended "
                              "(default %(default)s)")
@@ -219,6 +266,11 @@ def benchmark(argv: list[str]) -> None:
     bench_dir = args.resume or args.runs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume is not None and not args.resume.is_dir():
         parser.error(f"--resume {args.resume}: no such benchmark directory")
+    partial = partial_dir(args.results, name)
+    if args.restore_partial:
+        if not partial.is_dir():
+            parser.error(f"--restore-partial: no record {partial}")
+        print(f"seeds {restore_partial(partial, bench_dir)} read from {partial}")
     start = time.time()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward_stop)
@@ -228,19 +280,23 @@ def benchmark(argv: list[str]) -> None:
             range(args.first_seed, args.first_seed + args.seeds),
         ))
     elapsed = time.time() - start
+    command = " ".join(["python benchmarks/learning.py", args.algo, args.preset, f"--seeds {args.seeds}"]
+                       + ([f"--first-seed {args.first_seed}"] if args.first_seed else []) + [f"--frames {args.frames}"] + ([f"--threshold {args.threshold:g}"] if args.threshold is not None else [])
+                       + [f"--parallel {args.parallel}"] + ([f"--name {args.name}"] if args.name else []) + extra)
     if INTERRUPTED.is_set():
         resume = [] if args.resume else ["--resume", str(bench_dir)]
         again = shell_command(os.path.abspath(sys.argv[0]), *sys.argv[1:], *resume)
-        sys.exit(f"interrupted; the runs are checkpointed: continue with {again}")
+        finished = [r for r in results if "failed" not in r]
+        if finished:
+            record_partial(partial, bench_dir, finished, command)
+        kept = f"; seeds {[r['seed'] for r in finished]} recorded in {partial}" if finished else ""
+        sys.exit(f"interrupted; the runs are checkpointed{kept}: continue with {again}")
     args.results.mkdir(parents=True, exist_ok=True)
     plot(results, args.results / f"{name}.png", f"{args.algo} {args.preset} ({args.seeds} seeds)", args.threshold)
     ok = [r for r in results if "failed" not in r]
     finals = [r["final_score"] for r in ok]
     iqm, ci_low, ci_high = iqm_with_ci(finals) if finals else (None, None, None)
     reached = [steps_to(r["curve"], args.threshold) for r in ok] if args.threshold is not None else []
-    command = " ".join(["python benchmarks/learning.py", args.algo, args.preset, f"--seeds {args.seeds}"]
-                       + ([f"--first-seed {args.first_seed}"] if args.first_seed else []) + [f"--frames {args.frames}"] + ([f"--threshold {args.threshold:g}"] if args.threshold is not None else [])
-                       + [f"--parallel {args.parallel}"] + ([f"--name {args.name}"] if args.name else []) + extra)
     row = {
         "name": name,
         "seeds": args.seeds,
@@ -266,6 +322,8 @@ def benchmark(argv: list[str]) -> None:
     }
     write_row(args.results / ROWS, row)
     put_markdown_row(row, args.results / "learning.md")
+    if partial.is_dir():  # its seeds are in the row now
+        shutil.rmtree(partial)
     print(json.dumps({k: v for k, v in row.items() if k != "curves"}, indent=2))
 
 

@@ -1,11 +1,15 @@
 """benchmarks/learning.py's rows: each row's record is one line of ``learning-rows.jsonl`` keyed by its name; a run
 adds its line (and its learning.md row), a taken name is refused, ``--replace`` puts the new record in the old one's
-place, and ``--resume`` reads the seeds a benchmark finished."""
+place, and ``--resume`` reads the seeds a benchmark finished; a stopped benchmark keeps its finished seeds in
+``results/<name>-partial/``, from where ``--restore-partial`` reads them on another machine."""
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +93,74 @@ def test_a_resumed_benchmark_starts_anew_a_seed_stopped_before_its_first_checkpo
     assert "failed" not in summary and summary["env_steps"] >= 192, seed_dir.with_suffix(".log").read_text()[-2000:]
     assert (seed_dir / "checkpoint").is_dir()
     assert learning.recipe_args("cartpole", 1, 192, seed_dir, extra) == [f"resume={seed_dir}", "log.progress=false"]
+
+
+def test_a_stopped_benchmarks_finished_seeds_outlive_its_directory(learning, tmp_path):
+    """A row's seeds can outlast a session, and the next session's machine may be a fresh one: the seeds finished
+    before a stop are recorded in ``results/<name>-partial/``; with the benchmark's directory gone,
+    ``--restore-partial`` reads them from there (no run) and runs only the others; the row replaces the record."""
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    seed_dir = runs / "acer-cartpole-20261128-000000" / "seed0"
+    seed_dir.mkdir(parents=True)
+    (seed_dir / "summary.json").write_text(json.dumps(
+        {"env_steps": 192, "wall_time_s": 2.0, "env_steps_per_s": 96.0, "eval_return_mean": 8.0}))
+    (seed_dir / "metrics.csv").write_text("env_steps,eval_return_mean\n96,5.0\n176,7.0\n184,8.0\n192,9.0\n")
+    finished = learning.run_seed("acer", "cartpole", 0, 192, seed_dir, [])
+    assert finished["final_score"] == 8.0, finished
+    partial = learning.partial_dir(results, "acer-cartpole")
+    learning.record_partial(partial, seed_dir.parent, [finished], "python benchmarks/learning.py acer cartpole")
+    assert sorted(p.name for p in partial.iterdir()) == ["README.md", "seed0-metrics.csv", "seed0-summary.json"]
+    assert "seed 0 8.0" in (partial / "README.md").read_text()
+
+    clash = tmp_path / "elsewhere" / "seed0"
+    (clash / "checkpoint").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="holds a run of seed 0"):
+        learning.restore_partial(partial, clash.parent)
+
+    shutil.rmtree(runs)  # a fresh machine: the benchmark's directory is gone
+    bench = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "acer", "cartpole", "--seeds", "1",
+             "--frames", "192", "--parallel", "1", "--results", str(results), "--runs", str(runs)]
+    restored = subprocess.run([*bench, "--restore-partial"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                              timeout=120)
+    assert restored.returncode == 0, restored.stderr[-3000:]
+    (line,) = (results / "learning-rows.jsonl").read_text().splitlines()
+    record = json.loads(line)
+    assert record["final_score_per_seed"] == [8.0] and record["curves"]["0"] == [list(p) for p in finished["curve"]]
+    assert not list(runs.glob("*/seed0.log")), "the recorded seed was read, not run"
+    assert not partial.exists(), "the row replaces the partial record"
+    gone = subprocess.run([*bench, "--name", "other", "--restore-partial"], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert gone.returncode == 2 and "--restore-partial: no record" in gone.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.integration
+def test_a_benchmark_stopped_while_a_seed_runs_records_the_seeds_it_had_finished(tmp_path):
+    """SIGINT to the benchmark while its second seed runs: that seed checkpoints, the first one (finished) is
+    recorded in ``results/<name>-partial/``, and the stop's last line says so."""
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    bench_dir = runs / "acer-cartpole-20261128-000000"
+    (bench_dir / "seed0").mkdir(parents=True)  # finished before (an earlier invocation)
+    (bench_dir / "seed0" / "summary.json").write_text(json.dumps(
+        {"env_steps": 192, "wall_time_s": 2.0, "env_steps_per_s": 96.0, "eval_return_mean": 8.0}))
+    (bench_dir / "seed0" / "metrics.csv").write_text("env_steps,eval_return_mean\n176,7.0\n184,8.0\n192,9.0\n")
+    settings = [arg for arg in TINY if "=" in arg and not arg.startswith("eval.interval")]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "learning.py"), "acer", "cartpole", "--seeds",
+                             "2", "--frames", "200000", "--parallel", "1", "--results", str(results), "--resume",
+                             str(bench_dir), *settings], cwd=tmp_path, env=ENV, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (bench_dir / "seed1" / "metrics.csv").exists():  # the second seed is learning
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    partial = results / "acer-cartpole-partial"
+    assert f"seeds [0] recorded in {partial}: continue with" in err.strip().splitlines()[-1]
+    assert sorted(p.name for p in partial.iterdir()) == ["README.md", "seed0-metrics.csv", "seed0-summary.json"]
+    assert (bench_dir / "seed1" / "checkpoint").is_dir() and not (results / "learning-rows.jsonl").exists()
 
 
 @pytest.mark.parametrize("given, message", [
