@@ -110,11 +110,14 @@ def partial_dir(results: Path, name: str) -> Path:
     return results / f"{name}-partial"
 
 
-def record_partial(folder: Path, bench_dir: Path, finished: list[dict], command: str) -> None:
+def record_partial(folder: Path, bench_dir: Path, finished: list[dict], command: str,
+                   threshold: float | None = None) -> None:
     """The ``finished`` seeds' (:func:`run_seed`'s results) ``summary.json`` and ``metrics.csv`` from ``bench_dir``
-    as ``folder/seed<k>-summary.json`` and ``seed<k>-metrics.csv``, and a README with ``command`` and their final
-    scores. A row's seeds can take longer than a session, and a session's machine may be a fresh one."""
+    as ``folder/seed<k>-summary.json`` and ``seed<k>-metrics.csv``, their curves (``curves.png``) and a README with
+    ``command`` and their final scores. A row's seeds can take longer than a session, and a session's machine may be
+    a fresh one."""
     folder.mkdir(parents=True, exist_ok=True)
+    plot(finished, folder / "curves.png", f"{folder.name} ({len(finished)} seeds)", threshold)
     for result in finished:
         seed = result["seed"]
         for stem in ("summary.json", "metrics.csv"):
@@ -122,9 +125,11 @@ def record_partial(folder: Path, bench_dir: Path, finished: list[dict], command:
     scores = ", ".join(f"seed {r['seed']} {r['final_score']:.1f}" for r in sorted(finished, key=lambda r: r["seed"]))
     (folder / "README.md").write_text(
         f"# {folder.name}: the seeds a benchmark finished before it was stopped (not a learning.md row)\n\n"
-        f"    {command}\n\nFinal scores (mean greedy return over the last 10 % of the env steps): {scores}. Written "
-        f"{time.strftime('%Y-%m-%d')}. The other seeds go on with `--resume <its directory>`, or, where that is gone,\n"
-        "`--restore-partial` (these seeds read from here, the others run); the row replaces this record.\n")
+        f"    {command}\n\n"
+        f"Final scores (mean greedy return over the last 10 % of the env steps): {scores}; their curves:\n"
+        f"[`curves.png`](curves.png). Written {time.strftime('%Y-%m-%d')}. The other seeds go on with `--resume <its\n"
+        "directory>`, or, where that is gone, `--restore-partial` (these seeds read from here, the others run); the\n"
+        "row replaces this record.\n")
 
 
 def restore_partial(folder: Path, bench_dir: Path) -> list[int]:
@@ -288,7 +293,7 @@ def benchmark(argv: list[str]) -> None:
         again = shell_command(os.path.abspath(sys.argv[0]), *sys.argv[1:], *resume)
         finished = [r for r in results if "failed" not in r]
         if finished:
-            record_partial(partial, bench_dir, finished, command)
+            record_partial(partial, bench_dir, finished, command, args.threshold)
         kept = f"; seeds {[r['seed'] for r in finished]} recorded in {partial}" if finished else ""
         sys.exit(f"interrupted; the runs are checkpointed{kept}: continue with {again}")
     args.results.mkdir(parents=True, exist_ok=True)
