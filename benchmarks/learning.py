@@ -110,13 +110,14 @@ def partial_dir(results: Path, name: str) -> Path:
     return results / f"{name}-partial"
 
 
-def record_partial(folder: Path, bench_dir: Path, finished: list[dict], command: str,
+def record_partial(folder: Path, bench_dir: Path, finished: list[dict], command: str, ran: dict,
                    threshold: float | None = None) -> None:
     """The ``finished`` seeds' (:func:`run_seed`'s results) ``summary.json`` and ``metrics.csv`` from ``bench_dir``
     as ``folder/seed<k>-summary.json`` and ``seed<k>-metrics.csv``, their curves (``curves.png``) and a README with
     ``command`` and their final scores. A row's seeds can take longer than a session, and a session's machine may be
-    a fresh one."""
+    a fresh one. ``ran`` (:func:`what_ran`) goes into ``benchmark.json``: :func:`restore_partial` checks it."""
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / "benchmark.json").write_text(json.dumps(ran) + "\n")
     plot(finished, folder / "curves.png", f"{folder.name} ({len(finished)} seeds)", threshold)
     for result in finished:
         seed = result["seed"]
@@ -132,9 +133,19 @@ def record_partial(folder: Path, bench_dir: Path, finished: list[dict], command:
         "row replaces this record.\n")
 
 
-def restore_partial(folder: Path, bench_dir: Path) -> list[int]:
+def what_ran(algo: str, preset: str, frames: int, extra: list[str]) -> dict:
+    """What a seed's run depends on: a recorded seed is restored only into a benchmark of the same."""
+    return {"algo": algo, "preset": preset, "frames": frames, "settings": extra}
+
+
+def restore_partial(folder: Path, bench_dir: Path, ran: dict) -> list[int]:
     """Each seed of the record ``folder`` (:func:`record_partial`) that ``bench_dir`` has not finished, put back
-    there as a finished run (its ``summary.json`` and ``metrics.csv``: what :func:`run_seed` reads); the seeds."""
+    there as a finished run (its ``summary.json`` and ``metrics.csv``: what :func:`run_seed` reads); the seeds.
+    Refused in one line when the record's seeds ran otherwise than ``ran`` (:func:`what_ran`)."""
+    written = folder / "benchmark.json"
+    recorded = json.loads(written.read_text()) if written.exists() else None
+    if recorded != ran:
+        raise SystemExit(f"error: {folder} holds seeds of {recorded}, not of this benchmark's {ran}")
     restored = []
     for summary in sorted(folder.glob("seed*-summary.json")):
         seed = int(summary.name.removeprefix("seed").removesuffix("-summary.json"))
@@ -275,7 +286,8 @@ def benchmark(argv: list[str]) -> None:
     if args.restore_partial:
         if not partial.is_dir():
             parser.error(f"--restore-partial: no record {partial}")
-        print(f"seeds {restore_partial(partial, bench_dir)} read from {partial}")
+        restored = restore_partial(partial, bench_dir, what_ran(args.algo, args.preset, args.frames, extra))
+        print(f"seeds {restored} read from {partial}")
     start = time.time()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward_stop)
@@ -288,17 +300,17 @@ def benchmark(argv: list[str]) -> None:
     command = " ".join(["python benchmarks/learning.py", args.algo, args.preset, f"--seeds {args.seeds}"]
                        + ([f"--first-seed {args.first_seed}"] if args.first_seed else []) + [f"--frames {args.frames}"] + ([f"--threshold {args.threshold:g}"] if args.threshold is not None else [])
                        + [f"--parallel {args.parallel}"] + ([f"--name {args.name}"] if args.name else []) + extra)
+    ok = [r for r in results if "failed" not in r]
     if INTERRUPTED.is_set():
         resume = [] if args.resume else ["--resume", str(bench_dir)]
         again = shell_command(os.path.abspath(sys.argv[0]), *sys.argv[1:], *resume)
-        finished = [r for r in results if "failed" not in r]
-        if finished:
-            record_partial(partial, bench_dir, finished, command, args.threshold)
-        kept = f"; seeds {[r['seed'] for r in finished]} recorded in {partial}" if finished else ""
+        if ok:
+            ran = what_ran(args.algo, args.preset, args.frames, extra)
+            record_partial(partial, bench_dir, ok, command, ran, args.threshold)
+        kept = f"; seeds {[r['seed'] for r in ok]} recorded in {partial}" if ok else ""
         sys.exit(f"interrupted; the runs are checkpointed{kept}: continue with {again}")
     args.results.mkdir(parents=True, exist_ok=True)
     plot(results, args.results / f"{name}.png", f"{args.algo} {args.preset} ({args.seeds} seeds)", args.threshold)
-    ok = [r for r in results if "failed" not in r]
     finals = [r["final_score"] for r in ok]
     iqm, ci_low, ci_high = iqm_with_ci(finals) if finals else (None, None, None)
     reached = [steps_to(r["curve"], args.threshold) for r in ok] if args.threshold is not None else []

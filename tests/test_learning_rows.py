@@ -108,15 +108,19 @@ def test_a_stopped_benchmarks_finished_seeds_outlive_its_directory(learning, tmp
     finished = learning.run_seed("acer", "cartpole", 0, 192, seed_dir, [])
     assert finished["final_score"] == 8.0, finished
     partial = learning.partial_dir(results, "acer-cartpole")
-    learning.record_partial(partial, seed_dir.parent, [finished], "python benchmarks/learning.py acer cartpole")
-    assert sorted(p.name for p in partial.iterdir()) == ["README.md", "curves.png", "seed0-metrics.csv",
-                                                          "seed0-summary.json"]
+    ran = learning.what_ran("acer", "cartpole", 192, [])
+    learning.record_partial(partial, seed_dir.parent, [finished], "python benchmarks/learning.py acer cartpole", ran)
+    assert sorted(p.name for p in partial.iterdir()) == ["README.md", "benchmark.json", "curves.png",
+                                                          "seed0-metrics.csv", "seed0-summary.json"]
     assert "seed 0 8.0" in (partial / "README.md").read_text()
 
     clash = tmp_path / "elsewhere" / "seed0"
     (clash / "checkpoint").mkdir(parents=True)
     with pytest.raises(SystemExit, match="holds a run of seed 0"):
-        learning.restore_partial(partial, clash.parent)
+        learning.restore_partial(partial, clash.parent, ran)
+    with pytest.raises(SystemExit, match="holds seeds of .* not of this benchmark's"):  # other settings
+        learning.restore_partial(partial, tmp_path / "other", learning.what_ran("acer", "cartpole", 192, ["gamma=0.9"]))
+    assert not (tmp_path / "other").exists()
 
     shutil.rmtree(runs)  # a fresh machine: the benchmark's directory is gone
     bench = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "acer", "cartpole", "--seeds", "1",
@@ -160,8 +164,8 @@ def test_a_benchmark_stopped_while_a_seed_runs_records_the_seeds_it_had_finished
     assert proc.returncode == 1, err[-3000:]
     partial = results / "acer-cartpole-partial"
     assert f"seeds [0] recorded in {partial}: continue with" in err.strip().splitlines()[-1]
-    assert sorted(p.name for p in partial.iterdir()) == ["README.md", "curves.png", "seed0-metrics.csv",
-                                                         "seed0-summary.json"]
+    assert sorted(p.name for p in partial.iterdir()) == ["README.md", "benchmark.json", "curves.png",
+                                                         "seed0-metrics.csv", "seed0-summary.json"]
     assert (bench_dir / "seed1" / "checkpoint").is_dir() and not (results / "learning-rows.jsonl").exists()
 
 
