@@ -16,6 +16,8 @@ SIGINT or SIGTERM, to the benchmark alone or to its whole group, stops the runni
 starts no further seed; ``--resume`` then goes on from there. The seeds it had finished are also kept in
 ``results/<name>-partial/`` (:func:`record_partial`), so that they outlive the machine: where the benchmark's
 directory is gone, ``--restore-partial`` reads them from there and runs only the others. The row replaces that record.
+Its ``total_wall_s`` is the benchmark's wall time over all its invocations (``invocations``; both null where an
+earlier invocation left no record of its time: :func:`open_wall`).
 """
 
 from __future__ import annotations
@@ -115,9 +117,12 @@ def record_partial(folder: Path, bench_dir: Path, finished: list[dict], command:
     """The ``finished`` seeds' (:func:`run_seed`'s results) ``summary.json`` and ``metrics.csv`` from ``bench_dir``
     as ``folder/seed<k>-summary.json`` and ``seed<k>-metrics.csv``, their curves (``curves.png``) and a README with
     ``command`` and their final scores. A row's seeds can take longer than a session, and a session's machine may be
-    a fresh one. ``ran`` (:func:`what_ran`) goes into ``benchmark.json``: :func:`restore_partial` checks it."""
+    a fresh one. ``ran`` (:func:`what_ran`) goes into ``benchmark.json``: :func:`restore_partial` checks it; the wall
+    ledger (:func:`open_wall`) goes with them."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "benchmark.json").write_text(json.dumps(ran) + "\n")
+    if (bench_dir / WALL).exists():
+        shutil.copyfile(bench_dir / WALL, folder / WALL)
     plot(finished, folder / "curves.png", f"{folder.name} ({len(finished)} seeds)", threshold)
     for result in finished:
         seed = result["seed"]
@@ -136,6 +141,36 @@ def record_partial(folder: Path, bench_dir: Path, finished: list[dict], command:
 def what_ran(algo: str, preset: str, frames: int, extra: list[str]) -> dict:
     """What a seed's run depends on: a recorded seed is restored only into a benchmark of the same."""
     return {"algo": algo, "preset": preset, "frames": frames, "settings": extra}
+
+
+WALL = "wall.json"  # a benchmark's wall time over its invocations: a resumed one ran in several
+
+
+def open_wall(bench_dir: Path, resumed: bool) -> dict:
+    """The wall-time ledger of ``bench_dir`` as this invocation starts, written back marked open: ``seconds`` of the
+    earlier invocations and ``invocations`` counting this one, each None where an earlier invocation left no full
+    record (a directory from before the ledger, or one killed before :func:`close_wall`). A row's ``total_wall_s``
+    comes from here, so that a benchmark resumed across sessions records all of its time or says it cannot."""
+    path = bench_dir / WALL
+    if path.exists():
+        ledger = json.loads(path.read_text())
+        if ledger["open"]:
+            ledger["seconds"] = None
+    else:
+        ledger = {"seconds": None if resumed else 0.0, "invocations": None if resumed else 0}
+    count = ledger["invocations"]
+    ledger = {"seconds": ledger["seconds"], "invocations": None if count is None else count + 1, "open": True}
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(ledger) + "\n")
+    return ledger
+
+
+def close_wall(bench_dir: Path, ledger: dict, elapsed: float) -> dict:
+    """:func:`open_wall`'s ``ledger`` with this invocation's ``elapsed`` seconds added, written back closed."""
+    seconds = None if ledger["seconds"] is None else ledger["seconds"] + elapsed
+    ledger = {**ledger, "seconds": seconds, "open": False}
+    (bench_dir / WALL).write_text(json.dumps(ledger) + "\n")
+    return ledger
 
 
 def restore_partial(folder: Path, bench_dir: Path, ran: dict) -> list[int]:
@@ -159,6 +194,9 @@ def restore_partial(folder: Path, bench_dir: Path, ran: dict) -> list[int]:
         shutil.copyfile(folder / f"seed{seed}-metrics.csv", run_dir / "metrics.csv")
         shutil.copyfile(summary, run_dir / "summary.json")
         restored.append(seed)
+    if (folder / WALL).exists() and not (bench_dir / WALL).exists():
+        bench_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(folder / WALL, bench_dir / WALL)
     return restored
 
 
@@ -288,6 +326,7 @@ def benchmark(argv: list[str]) -> None:
             parser.error(f"--restore-partial: no record {partial}")
         restored = restore_partial(partial, bench_dir, what_ran(args.algo, args.preset, args.frames, extra))
         print(f"seeds {restored} read from {partial}")
+    ledger = open_wall(bench_dir, resumed=args.resume is not None or args.restore_partial)
     start = time.time()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward_stop)
@@ -296,7 +335,7 @@ def benchmark(argv: list[str]) -> None:
             lambda s: run_seed(args.algo, args.preset, s, args.frames, bench_dir / f"seed{s}", extra),
             range(args.first_seed, args.first_seed + args.seeds),
         ))
-    elapsed = time.time() - start
+    ledger = close_wall(bench_dir, ledger, time.time() - start)
     command = " ".join(["python benchmarks/learning.py", args.algo, args.preset, f"--seeds {args.seeds}"]
                        + ([f"--first-seed {args.first_seed}"] if args.first_seed else []) + [f"--frames {args.frames}"] + ([f"--threshold {args.threshold:g}"] if args.threshold is not None else [])
                        + [f"--parallel {args.parallel}"] + ([f"--name {args.name}"] if args.name else []) + extra)
@@ -332,7 +371,8 @@ def benchmark(argv: list[str]) -> None:
         "env_steps_per_s": round(float(np.mean([r["env_steps_per_s"] for r in ok])), 1) if ok else None,
         "curves": {str(r["seed"]): r["curve"] for r in ok},
         "failed": [r["failed"] for r in results if "failed" in r],
-        "total_wall_s": round(elapsed, 1),
+        "total_wall_s": _round(ledger["seconds"]),  # every invocation's (None: an earlier one left no record)
+        "invocations": ledger["invocations"],
         "command": command,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU" if not _has_cuda() else "GPU",
         "date": time.strftime("%Y-%m-%d"),

@@ -47,6 +47,25 @@ def test_a_replaced_row_takes_its_old_lines_place_in_the_table(learning, tmp_pat
     assert "([record](learning-rows.jsonl#a))" in table[0] and page.read_text().endswith("\nnotes\n")
 
 
+def test_a_benchmarks_wall_time_adds_up_over_its_invocations_or_says_it_cannot(learning, tmp_path):
+    """A row's ``total_wall_s`` once recorded the last invocation's time alone: a 1M-step row resumed across two
+    sessions said 1 801 s. It now adds every invocation's (``wall.json``), and is None once one left no record."""
+    bench_dir = tmp_path / "bench"
+    ledger = learning.open_wall(bench_dir, resumed=False)
+    assert ledger == {"seconds": 0.0, "invocations": 1, "open": True}
+    assert learning.close_wall(bench_dir, ledger, 10.5) == {"seconds": 10.5, "invocations": 1, "open": False}
+    again = learning.close_wall(bench_dir, learning.open_wall(bench_dir, resumed=True), 5.0)
+    assert again == {"seconds": 15.5, "invocations": 2, "open": False}
+    learning.open_wall(bench_dir, resumed=True)  # killed before it could close its ledger
+    for count in (4, 5):  # the time of invocation 3 is not known: neither is the total, from then on
+        closed = learning.close_wall(bench_dir, learning.open_wall(bench_dir, resumed=True), 5.0)
+        assert closed == {"seconds": None, "invocations": count, "open": False}
+    old = tmp_path / "old"  # a benchmark directory from before the ledger
+    old.mkdir()
+    assert learning.close_wall(old, learning.open_wall(old, resumed=True), 5.0) == {
+        "seconds": None, "invocations": None, "open": False}
+
+
 @pytest.mark.integration
 def test_a_run_writes_its_line_a_second_is_refused_and_a_resumed_one_replaces_it(tmp_path):
     results, runs = tmp_path / "results", tmp_path / "runs"
@@ -54,6 +73,8 @@ def test_a_run_writes_its_line_a_second_is_refused_and_a_resumed_one_replaces_it
              "--results", str(results), "--runs", str(runs)]
     first = subprocess.run(bench, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
+    (bench_dir,) = [p for p in runs.iterdir() if p.is_dir()]
+    first_seconds = json.loads((bench_dir / "wall.json").read_text())["seconds"]
     lines = (results / "learning-rows.jsonl").read_text().splitlines()
     record = json.loads(lines[0])
     assert len(lines) == 1 and record["name"] == "acer-cartpole" and list(record["curves"]) == ["0"]
@@ -65,14 +86,15 @@ def test_a_run_writes_its_line_a_second_is_refused_and_a_resumed_one_replaces_it
                                                          "or --replace")
     assert (results / "learning-rows.jsonl").read_text().splitlines() == lines
 
-    (bench_dir,) = [p for p in runs.iterdir() if p.is_dir()]
     resumed = subprocess.run([*bench, "--replace", "--resume", str(bench_dir)], cwd=tmp_path, env=ENV,
                              capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     (line,) = (results / "learning-rows.jsonl").read_text().splitlines()
     replaced = json.loads(line)
     assert replaced["curves"] == record["curves"], "the finished seed was read, not run again"
-    assert replaced["command"] == record["command"] and replaced["total_wall_s"] != record["total_wall_s"]
+    assert replaced["command"] == record["command"] and (record["invocations"], replaced["invocations"]) == (1, 2)
+    assert record["total_wall_s"] == round(first_seconds, 1) > 0
+    assert json.loads((bench_dir / "wall.json").read_text())["seconds"] > first_seconds, "both invocations' time"
     assert [p for p in runs.iterdir() if p.is_dir()] == [bench_dir]
     table = [row for row in (results / "learning.md").read_text().splitlines() if row.startswith("| [acer-cartpole]")]
     assert len(table) == 1
@@ -131,6 +153,7 @@ def test_a_stopped_benchmarks_finished_seeds_outlive_its_directory(learning, tmp
     (line,) = (results / "learning-rows.jsonl").read_text().splitlines()
     record = json.loads(line)
     assert record["final_score_per_seed"] == [8.0] and record["curves"]["0"] == [list(p) for p in finished["curve"]]
+    assert record["total_wall_s"] is None and record["invocations"] is None, "the recorded seed's time is unknown"
     assert not list(runs.glob("*/seed0.log")), "the recorded seed was read, not run"
     assert not partial.exists(), "the row replaces the partial record"
     gone = subprocess.run([*bench, "--name", "other", "--restore-partial"], cwd=tmp_path, env=ENV,
@@ -165,7 +188,8 @@ def test_a_benchmark_stopped_while_a_seed_runs_records_the_seeds_it_had_finished
     partial = results / "acer-cartpole-partial"
     assert f"seeds [0] recorded in {partial}: continue with" in err.strip().splitlines()[-1]
     assert sorted(p.name for p in partial.iterdir()) == ["README.md", "benchmark.json", "curves.png",
-                                                         "seed0-metrics.csv", "seed0-summary.json"]
+                                                         "seed0-metrics.csv", "seed0-summary.json", "wall.json"]
+    assert json.loads((partial / "wall.json").read_text())["open"] is False, "the ledger goes with the seeds"
     assert (bench_dir / "seed1" / "checkpoint").is_dir() and not (results / "learning-rows.jsonl").exists()
 
 
