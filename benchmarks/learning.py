@@ -159,16 +159,18 @@ def open_wall(bench_dir: Path, resumed: bool) -> dict:
     else:
         ledger = {"seconds": None if resumed else 0.0, "invocations": None if resumed else 0}
     count = ledger["invocations"]
-    ledger = {"seconds": ledger["seconds"], "invocations": None if count is None else count + 1, "open": True}
     bench_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(ledger) + "\n")
-    return ledger
+    return _write_wall(bench_dir, {"seconds": ledger["seconds"], "invocations": None if count is None else count + 1,
+                                   "open": True})
 
 
 def close_wall(bench_dir: Path, ledger: dict, elapsed: float) -> dict:
     """:func:`open_wall`'s ``ledger`` with this invocation's ``elapsed`` seconds added, written back closed."""
     seconds = None if ledger["seconds"] is None else ledger["seconds"] + elapsed
-    ledger = {**ledger, "seconds": seconds, "open": False}
+    return _write_wall(bench_dir, {**ledger, "seconds": seconds, "open": False})
+
+
+def _write_wall(bench_dir: Path, ledger: dict) -> dict:
     (bench_dir / WALL).write_text(json.dumps(ledger) + "\n")
     return ledger
 
