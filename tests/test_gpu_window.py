@@ -37,7 +37,7 @@ def rows(path: Path) -> list[dict[str, str]]:
 def test_a_dry_window_runs_each_part_and_the_next_one_continues_its_run(tmp_path):
     pong_dir = tmp_path / "pong-acer"  # the committed results of the windows so far: none yet
     pong_dir.mkdir()
-    first = window(tmp_path / "first", pong_dir, budget=130, parts="tests rows prefetch pong")
+    first = window(tmp_path / "first", pong_dir, budget=170, parts="tests rows prefetch pong")
     assert "-- gpu tests: " in first and "overhead (neither update nor wait)" in first
     assert "-- acer, replay.prefetch=true: " in first
     assert re.search(r"-- pong, \d+ s: pong.sh: a new run in \S+, from scratch", first)
@@ -50,7 +50,7 @@ def test_a_dry_window_runs_each_part_and_the_next_one_continues_its_run(tmp_path
         shutil.copy(piece / name, pong_dir / name)
     before = rows(pong_dir / "pong-acer-metrics.csv")
 
-    second = window(tmp_path / "second", pong_dir, budget=60, parts="pong")
+    second = window(tmp_path / "second", pong_dir, budget=95, parts="pong")
     assert f"pong.sh: a new run in {tmp_path / 'second' / 'run'}, from {pong_dir / 'weights.pt'}" in second
     config = yaml.safe_load((tmp_path / "second" / "run" / "config.yaml").read_text())
     assert config["init_from"] == str(pong_dir / "weights.pt")

@@ -23,7 +23,7 @@ export PYTHON=${PYTHON:-python3}
 budget=${BUDGET_S:-540}
 if [ "${DRY:-0}" = 1 ]; then
   tests_s=60 algos="acer" row_s=90 row_args="minatar --seconds 2 --alone 3 device=cpu replay.min_size=200 collector.workers=1"
-  pong_preset=cartpole reserve_s=35 run_dir=${RUN_DIR:-$out/run} probe_states=100
+  pong_preset=cartpole reserve_s=70 run_dir=${RUN_DIR:-$out/run} probe_states=100
   pong_args="collector.workers=1 total_frames=1000000 eval.interval=600 eval.episodes=2 replay.min_size=200"
 else
   tests_s=150 algos=${ALGOS:-"acer laser reactor"} row_s=100 row_args="atari_gpu --seconds 45 --alone 60 replay.min_size=5000"
