@@ -4,6 +4,7 @@ record, its line of ``results/learning-rows.jsonl`` (by its name).
     python benchmarks/learning.py <algo> <preset> --seeds 5 --frames 50000 --threshold 475 [--parallel 2] [key=value ...]
     python benchmarks/learning.py <algo> <preset> ... --resume runs/benchmarks/<name>-<date>   # after a stop
     python benchmarks/learning.py minatar   # the MinAtar summary of the committed rows (minatar_summary's docstring)
+    python benchmarks/learning.py figure <stem> <row> <row> ...   # rows' curves in one <stem>.png (shared_figure)
 
 Each seed is a separate recipe run (``recipes/<algo>.py``) in its own process; ``--parallel`` of them at a
 time. Reads each run's ``summary.json`` and ``metrics.csv`` and records per seed the **final score** (the mean
@@ -247,12 +248,61 @@ def plot(results: list[dict], path: Path, title: str, threshold: float | None) -
     for curve in curves:
         ax.plot(*zip(*curve), color="tab:blue", alpha=0.25, lw=1)
     if curves:
-        grid = np.array(sorted({s for c in curves for s, _ in c}))
-        interp = np.array([np.interp(grid, *zip(*c)) for c in curves])
+        grid, interp = on_common_steps(curves)
         ax.plot(grid, interp.mean(0), color="tab:blue", lw=2, label=f"mean of {len(curves)} seeds")
         ax.fill_between(grid, interp.min(0), interp.max(0), color="tab:blue", alpha=0.15, label="min-max")
         ax.axvspan((1.0 - FINAL_WINDOW) * grid[-1], grid[-1], color="tab:orange", alpha=0.12, label="final-score window")
     finish_plot(fig, ax, path, title, "env steps", "greedy evaluation return", threshold)
+
+
+def on_common_steps(curves: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray]:
+    """Seeds' evaluation curves on the steps any of them evaluated at: the steps and the returns interpolated there,
+    ``[seeds, steps]``."""
+    grid = np.array(sorted({s for c in curves for s, _ in c}))
+    return grid, np.array([np.interp(grid, *zip(*c)) for c in curves])
+
+
+def plot_rows(rows: list[dict], path: Path, title: str) -> None:
+    """Several rows in one plot: each row's mean over its seeds, its [min, max] shaded where it has several."""
+    fig, ax = new_plot((7, 4.5))
+    for row in rows:
+        grid, returns = on_common_steps([c for c in row["curves"].values() if c])
+        seeds = f" ({len(returns)} seeds)" if len(returns) > 1 else ""
+        (line,) = ax.plot(grid, returns.mean(0), lw=1.5, label=f"{row['name']}{seeds}: {row['final_score_iqm']:g}")
+        if len(returns) > 1:
+            ax.fill_between(grid, returns.min(0), returns.max(0), color=line.get_color(), alpha=0.12)
+    finish_plot(fig, ax, path, title, "env steps", "greedy evaluation return (legend: final score)", legend_size=7)
+
+
+def shared_figure(argv: list[str]) -> None:
+    """Rows whose curves belong together (a tuning study's runs, each a row of its own) in one ``<stem>.png``: each
+    record's ``figure`` names it, ``learning.md``'s line of each row links it, and the row's own ``<name>.png`` goes
+    (the record keeps every seed's evaluations). A row run again with ``--replace`` gets its own curve back.
+
+        python benchmarks/learning.py figure acer-hopper-tuning acer-hopper-tune-base acer-hopper-tune-rr16 ...
+    """
+    parser = argparse.ArgumentParser(prog="learning.py figure", description=shared_figure.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stem", help="the figure's file name without .png")
+    parser.add_argument("rows", nargs="+", help="the rows it shows, by name")
+    parser.add_argument("--title", default=None)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    records = read_rows(args.results / ROWS)
+    unknown = [name for name in args.rows if name not in records]
+    if unknown:
+        parser.error(f"no record of the rows {unknown} in {args.results / ROWS}")
+    if args.stem in records:
+        parser.error(f"{args.stem!r} is a row's name: its own curve's file")
+    figure = f"{args.stem}.png"
+    rows = [records[name] for name in args.rows]
+    plot_rows(rows, args.results / figure, args.title or args.stem)
+    for row in rows:
+        row["figure"] = figure
+        write_row(args.results / ROWS, row)
+        put_markdown_row(row, args.results / "learning.md")
+        (args.results / f"{row['name']}.png").unlink(missing_ok=True)
+    print(f"{args.results / figure}: {', '.join(args.rows)}")
 
 
 def read_rows(path: Path) -> dict[str, dict]:
@@ -401,7 +451,8 @@ def _has_cuda() -> bool:
 
 HEADER = (
     "# Learning results\n\n"
-    "One row per benchmark run (newest last); produced by `benchmarks/learning.py`, curves in `<name>.png`, every "
+    "One row per benchmark run (newest last); produced by `benchmarks/learning.py`, curves in `<name>.png` (or a "
+    "figure a tuning study's rows share: `learning.py figure`), every "
     f"seed's evaluations in the row's line of `{ROWS}` (its `name`).\n"
     "**Final score**: a run's mean greedy return over the last 10 % of its env steps (at least 3 evaluations of "
     "`eval.episodes` episodes, the last included). Across seeds: interquartile mean (IQM) with its 95 % "
@@ -415,8 +466,8 @@ HEADER = (
 
 
 def markdown_row(row: dict) -> str:
-    """``row`` (the benchmark's JSON record) as a line of the results table, its name linking its curves and its
-    record (its line of ``learning-rows.jsonl``). A row of 3 seeds says that its CI is their [min, max] and its IQM
+    """``row`` (the benchmark's JSON record) as a line of the results table, its name linking its curves (its own
+    ``<name>.png``, or the figure it shares: :func:`shared_figure`) and its record (its line of ``learning-rows.jsonl``). A row of 3 seeds says that its CI is their [min, max] and its IQM
     their mean (:func:`iqm_with_ci`): the interval adds nothing to the seeds."""
     steps = ", ".join("-" if s is None else str(s) for s in row["steps_to_threshold"]) or "n/a"
     rejudged = " re-judged" if "threshold_note" in row else ""  # against another bar than its command's (the note)
@@ -426,7 +477,7 @@ def markdown_row(row: dict) -> str:
     low, high = row["final_score_ci95"]
     three = " (3 seeds: mean [min, max])" if len(row["final_score_per_seed"]) == 3 else ""
     return (
-        f"| [{row['name']}]({row['name']}.png) ([record]({ROWS}#{row['name']})){thr} | "
+        f"| [{row['name']}]({row.get('figure', row['name'] + '.png')}) ([record]({ROWS}#{row['name']})){thr} | "
         f"{row['final_score_iqm']} [{low}, {high}]{three}{failed} | "
         f"{', '.join(str(v) for v in row['final_score_per_seed'])} | {row['final_score_at_threshold']} | {steps} | "
         f"{row['wall_time_s_per_seed']} | {row['env_steps_per_s']} | {row['machine']}, {row['date']} | "
@@ -444,7 +495,7 @@ def put_markdown_row(row: dict, path: Path) -> None:
     end = lines.index(next(text for text in lines if text.startswith("| benchmark |")))  # the results table's header
     while end + 1 < len(lines) and lines[end + 1].startswith("|"):  # not the tables of the notes below it
         end += 1
-    same_name = f"| [{row['name']}]({row['name']}.png) "
+    same_name = f"| [{row['name']}]("
     replaced = next((i for i in range(end + 1) if lines[i].startswith(same_name)), None)
     if replaced is None:
         lines.insert(end + 1, line)
@@ -643,6 +694,8 @@ stratified-bootstrap samples):
 def main() -> None:
     if sys.argv[1:2] == ["minatar"]:
         minatar_summary()
+    elif sys.argv[1:2] == ["figure"]:
+        shared_figure(sys.argv[2:])
     else:
         benchmark(sys.argv[1:])
 

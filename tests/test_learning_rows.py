@@ -47,6 +47,39 @@ def test_a_replaced_row_takes_its_old_lines_place_in_the_table(learning, tmp_pat
     assert "([record](learning-rows.jsonl#a))" in table[0] and page.read_text().endswith("\nnotes\n")
 
 
+def test_rows_that_share_a_figure_link_it_and_lose_their_own_curve_files(learning, tmp_path, capsys):
+    """``learning.py figure``: the rows' curves drawn in one file, which their records and table lines name; each
+    row's own ``<name>.png`` goes, its record and line stay (the table's notes too); a name it has no record of, or
+    a row's name as the figure's, is one usage error that changes nothing."""
+    page = tmp_path / "learning.md"
+    page.write_text(learning.HEADER + "\nnotes\n")
+    row = {"threshold": None, "frames": 300, "failed": [], "final_score_ci95": [1.0, 2.0], "final_score_iqm": 1.5,
+           "final_score_at_threshold": "n/a", "steps_to_threshold": [], "wall_time_s_per_seed": 1.0,
+           "env_steps_per_s": 1.0, "machine": "m", "date": "d", "command": "c"}
+    rows = {"a": {**row, "name": "a", "final_score_per_seed": [1.0], "curves": {"0": [[100, 0.0], [300, 1.0]]}},
+            "ab": {**row, "name": "ab", "final_score_per_seed": [1.0, 2.0],
+                   "curves": {"0": [[100, 1.0], [300, 2.0]], "1": [[150, 0.5], [300, 1.5]]}}}
+    for name, record in rows.items():
+        learning.write_row(tmp_path / learning.ROWS, record)
+        learning.put_markdown_row(record, page)
+        (tmp_path / f"{name}.png").write_bytes(b"png")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for wrong in (["fig", "a", "nope"], ["a", "ab"]):
+        with pytest.raises(SystemExit) as stop:
+            learning.shared_figure([*wrong, "--results", str(tmp_path)])
+        assert stop.value.code == 2
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert ("no record of the rows ['nope']" in capsys.readouterr().err)
+
+    learning.shared_figure(["fig", "a", "ab", "--results", str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png", learning.ROWS, "learning.md"]
+    records = learning.read_rows(tmp_path / learning.ROWS)
+    assert [r.pop("figure") for r in records.values()] == ["fig.png", "fig.png"] and records == rows
+    table = [line for line in page.read_text().splitlines() if line.startswith("| [")]
+    assert [line.split(" ", 2)[1] for line in table] == ["[a](fig.png)", "[ab](fig.png)"]
+    assert "([record](learning-rows.jsonl#ab))" in table[1] and page.read_text().endswith("\nnotes\n")
+
+
 def test_a_benchmarks_wall_time_adds_up_over_its_invocations_or_says_it_cannot(learning, tmp_path):
     """A row's ``total_wall_s`` once recorded the last invocation's time alone: a 1M-step row resumed across two
     sessions said 1 801 s. It now adds every invocation's (``wall.json``), and is None once one left no record."""

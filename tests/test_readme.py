@@ -103,14 +103,21 @@ def test_every_link_resolves(page):
     assert not missing, f"{page.name} links to files that do not exist: {missing}"
 
 
+def shared_figures() -> set[str]:
+    """The figures several rows share (``learning.py figure``), as their records name them."""
+    return {json.loads(line).get("figure") for line in ROW_RECORDS.read_text().splitlines()} - {None}
+
+
 def shown_rows(page: Path) -> list[str]:
     """The learning rows ``page`` shows: the ``<row>.png`` curves it links in benchmarks/results/ (not the MinAtar
-    summary's ``minatar-*`` plots, not ``gpu/``) and the ``learning-rows.jsonl#<row>`` records it links."""
-    rows = []
+    summary's ``minatar-*`` plots, not a figure rows share, not ``gpu/``) and the ``learning-rows.jsonl#<row>``
+    records it links."""
+    rows, shared = [], shared_figures()
     for target in local_targets(page):
         path, _, fragment = target.partition("#")
         file = (page.parent / path).resolve()
-        if file.parent == RESULTS and file.suffix == ".png" and not file.name.startswith("minatar-"):
+        if file.parent == RESULTS and file.suffix == ".png" and not file.name.startswith("minatar-") \
+                and file.name not in shared:
             rows.append(file.stem)
         elif file == ROW_RECORDS and fragment:
             rows.append(fragment)
