@@ -467,8 +467,9 @@ HEADER = (
 
 def markdown_row(row: dict) -> str:
     """``row`` (the benchmark's JSON record) as a line of the results table, its name linking its curves (its own
-    ``<name>.png``, or the figure it shares: :func:`shared_figure`) and its record (its line of ``learning-rows.jsonl``). A row of 3 seeds says that its CI is their [min, max] and its IQM
-    their mean (:func:`iqm_with_ci`): the interval adds nothing to the seeds."""
+    ``<name>.png``, or the figure it shares: :func:`shared_figure`) and its record (its line of
+    ``learning-rows.jsonl``). A row of 3 seeds says that its CI is their [min, max] and its IQM their mean
+    (:func:`iqm_with_ci`): the interval adds nothing to the seeds."""
     steps = ", ".join("-" if s is None else str(s) for s in row["steps_to_threshold"]) or "n/a"
     rejudged = " re-judged" if "threshold_note" in row else ""  # against another bar than its command's (the note)
     thr = (f" (>= {row['threshold']:g}{rejudged}, {row['frames']} steps)" if row["threshold"] is not None
