@@ -136,3 +136,40 @@ def test_every_row_a_page_shows_has_its_record(page):
 def test_readme_is_a_guide():
     """A guide a newcomer reads through; the details live in docs/."""
     assert len(README.read_text().splitlines()) <= 170
+
+
+def quoted_scores(text: str, records: dict[str, dict]) -> list[str]:
+    """The table rows of ``text`` whose figures differ from the record of the learning row they link (link text:
+    the row's name): the final score (``IQM [low, high]``, a lone seed's score alone), and ``k/n >= bar``, the
+    seeds whose final scores reach the bar the page names (which may differ from the row's own threshold)."""
+    wrong = []
+    for number, cells in table_rows(text):
+        names = [name for name in re.findall(r"\[([^\]]+)\]\(", " | ".join(cells)) if name in records]
+        if not names:
+            continue
+        record = records[names[-1]]
+        per_seed, (low, high) = record["final_score_per_seed"], record["final_score_ci95"]
+        score = f"{record['final_score_iqm']:.1f}" + (f" [{low:.1f}, {high:.1f}]" if len(per_seed) > 1 else "")
+        bars = [re.fullmatch(r"(\d+)/(\d+) >= ([\d.]+)", cell) for cell in cells]
+        counts = [(int(m[1]), int(m[2]), float(m[3])) for m in bars if m]
+        if score not in cells or any(n != len(per_seed) or k != sum(s >= bar for s in per_seed)
+                                     for k, n, bar in counts):
+            wrong.append(f"line {number} ({names[-1]})")
+    return wrong
+
+
+def test_a_quoted_score_that_is_not_its_records_is_found():
+    """The check below can fail: a score or a count of seeds over the bar that its record does not give."""
+    records = {"r": {"final_score_iqm": 2.0, "final_score_ci95": [1.0, 3.0], "final_score_per_seed": [1.0, 2.0, 3.0]}}
+    good = "| score | bar | row |\n|---|---|---|\n| 2.0 [1.0, 3.0] | 2/3 >= 2 | [r](r.png) |\n"
+    assert quoted_scores(good, records) == []
+    assert quoted_scores(good.replace("2.0 [", "2.1 ["), records) == ["line 3 (r)"]
+    assert quoted_scores(good.replace("2/3 >= 2", "3/3 >= 2"), records) == ["line 3 (r)"]
+
+
+@pytest.mark.parametrize("page", GUIDES, ids=lambda p: p.name)
+def test_every_quoted_score_is_its_records(page):
+    """What a reader publishes from: each results row a guide quotes gives the figures of the record it links."""
+    records = {json.loads(line)["name"]: json.loads(line) for line in ROW_RECORDS.read_text().splitlines()}
+    wrong = quoted_scores(page.read_text(), records)
+    assert not wrong, f"{page.name}: figures that differ from their learning-rows.jsonl records: {wrong}"
