@@ -125,7 +125,7 @@ class Config:
     threads: int = 0
     run_dir: str | None = None  # where the run writes (None: runs/<loss>-<env>-s<seed>-<time>)
     # a run directory to continue from its latest checkpoint; a changed setting is applied from there on if config.py's
-    # APPLIED_ON_RESUME lists it (total_frames, optim.*, eval.*, log.*, ...), else refused (env, loss, network, seed...)
+    # APPLIED_ON_RESUME lists it (total_frames, optim.lr, eval.*, log.*, ...), else refused (env, loss, network, seed...)
     resume: str | None = None
     # a weights file (cut from a run's checkpoint by benchmarks/gpu/cut_weights.py) a new run starts from: its networks,
     # its counters (env steps, updates: the curve continues), the optimiser's state when the file keeps it; the replay

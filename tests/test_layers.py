@@ -28,6 +28,7 @@ in its ``validate(cfg)`` hints so)."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "acer_torchrl"
@@ -125,3 +126,36 @@ def test_the_settings_import_only_validation_and_the_names():
     for module, deps in IMPORTS.items():
         if layer(module) == LAYERS["settings"]:
             assert {d for d in deps if not d.startswith("settings")} <= allowed, module
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """The top-level names of what ``path`` imports at run time from outside the standard library and the package
+    (``from tensordict.nn import X``: ``tensordict``)."""
+    found = set()
+    for node in run_time_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"__future__", "acer_torchrl"}
+
+
+def test_the_losses_and_their_maths_import_only_torch_tensordict_torchrl_and_objectives():
+    """Issue 58: a loss and ``functional`` can be read and used with torch, tensordict and torchrl alone (NumPy
+    only in type hints); of the package they import ``objectives`` and nothing else (``objectives.updaters``, the
+    target and average networks' updaters, also reads TorchRL through ``_torchrl_compat``)."""
+    losses = [m for m in MODULES if m.startswith("objectives.") and m != "objectives.updaters"]
+    assert {"objectives.acer", "objectives.reactor", "objectives.vracer", "objectives.laser",
+            "objectives.functional"} <= set(losses)
+    outside = {m: sorted(third_party_imports(MODULES[m]) - {"torch", "tensordict", "torchrl"}) for m in losses}
+    assert {m: names for m, names in outside.items() if names} == {}
+    assert {m: sorted(d for d in IMPORTS[m] if not d.startswith("objectives")) for m in losses
+            if any(not d.startswith("objectives") for d in IMPORTS[m])} == {}
+
+
+def test_a_loss_importing_numpy_is_found(tmp_path):
+    """The check above can fail: a module that imports NumPy at run time (not under ``if TYPE_CHECKING:``)."""
+    module = tmp_path / "loss.py"
+    module.write_text("from typing import TYPE_CHECKING\nimport torch\nif TYPE_CHECKING:\n    import pandas\n"
+                      "def f():\n    import numpy as np\n")
+    assert third_party_imports(module) == {"torch", "numpy"}

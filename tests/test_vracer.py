@@ -17,7 +17,8 @@ from acer_torchrl.cli import run
 from acer_torchrl.config import ConfigError, load_config
 from acer_torchrl.envs import EnvInfo
 from acer_torchrl.objectives.functional import refer_beta_update
-from acer_torchrl.objectives.refer import FarPolicyCount, ReFER, gaussian_kl
+from acer_torchrl.estimates.far_count import FarPolicyCount
+from acer_torchrl.objectives.refer import ReFER, gaussian_kl
 from acer_torchrl.algorithms.vracer import WrittenOutNetwork, build
 from acer_torchrl.modules import TruncatedGaussian
 from acer_torchrl.replay import EpisodeReplay

@@ -35,9 +35,9 @@ from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
 from acer_torchrl.estimates.episode_recursion import EpisodeRecursion
+from acer_torchrl.estimates.far_count import FarPolicyCount
 from acer_torchrl.estimates.slots import SlotEstimates, as_array
 from acer_torchrl.objectives.names import MASK_KEY, SLOT_KEY, WRITE_KEY
-from acer_torchrl.objectives.refer import FarPolicyCount
 from acer_torchrl.objectives.vracer import VRACERLoss
 from acer_torchrl.replay import EpisodeStore, write_index
 

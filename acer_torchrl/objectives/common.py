@@ -11,8 +11,8 @@ sum to the objective; other entries are diagnostics (mean rho, clipped-rho share
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
@@ -21,6 +21,9 @@ from torchrl.modules.distributions import IndependentNormal
 from torchrl.objectives import LossModule
 
 from acer_torchrl.objectives.names import MASK_KEY
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def objective(out: TensorDictBase) -> torch.Tensor:

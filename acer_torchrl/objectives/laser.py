@@ -46,8 +46,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase, TensorDictParams
 from tensordict.nn import TensorDictModuleBase
@@ -74,6 +74,9 @@ from acer_torchrl.objectives.functional import (
 )
 from acer_torchrl.objectives.names import BEHAVIOUR, PRIORITY_WEIGHT_KEY, policy_keys
 from acer_torchrl.objectives.network_call import NetworkCall
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class LASERLoss(ReplayLoss):

@@ -54,9 +54,8 @@ Deviations from the paper, and why:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictParams, TensorDictSequential
@@ -74,6 +73,9 @@ from acer_torchrl.objectives.common import (
 from acer_torchrl.objectives.functional import distributional_retrace, retrace
 from acer_torchrl.objectives.names import BEHAVIOUR, PG_ESTIMATORS, PRIORITY_WEIGHT_KEY
 from acer_torchrl.objectives.network_call import NetworkCall
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # ----------------------------------------------------------------------------------------------
 # Policy-gradient surrogates (sec. 2.2)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -36,8 +35,9 @@ from acer_torchrl.objectives.functional import refer_beta_update, refer_c_max
 RHO_CLIP_RULE2_ONLY = 1e3  # ReF-ER-2 (Rule 2 without Rule 1) clips rho_t <- min(rho_t, 10^3) (sec. 5.3)
 
 
-def far_policy(rho: np.ndarray, c_max: float) -> np.ndarray:
-    """Rule 1's far-policy weights (eq. 10): ``rho <= 1/c_max`` or ``rho >= c_max`` (bool, elementwise)."""
+def far_policy(rho: Tensor, c_max: float) -> Tensor:
+    """Rule 1's far-policy weights (eq. 10): ``rho <= 1/c_max`` or ``rho >= c_max`` (bool, elementwise; a NumPy
+    array gives an array)."""
     return (rho <= 1.0 / c_max) | (rho >= c_max)
 
 
@@ -127,14 +127,14 @@ class ReFER(nn.Module):
 
     def far_share(self, rho: Tensor, where: Tensor | None = None) -> Tensor:
         """Fraction of far-policy weights among ``rho`` (any shape), or among those where ``where`` (bool, as many
-        elements as ``rho``) holds: ``n_far / N`` of eq. 12 over the replay. Counted in NumPy: over a full
-        replay (2^18 steps) a masked gather and compare in torch costs far more."""
-        far = far_policy(rho.detach().cpu().numpy().reshape(-1), self.c_max)
-        n = far.size
+        elements as ``rho``) holds: ``n_far / N`` of eq. 12 over the replay. (The pipeline counts it incrementally
+        instead: :class:`~acer_torchrl.estimates.far_count.FarPolicyCount`.)"""
+        far = far_policy(rho.detach().reshape(-1), self.c_max)
+        n = far.numel()
         if where is not None:
-            keep = where.cpu().numpy().reshape(-1)
-            far, n = far & keep, np.count_nonzero(keep)
-        return torch.tensor(np.count_nonzero(far) / n if n else 0.0, dtype=torch.float32)
+            keep = where.reshape(-1)
+            far, n = far & keep, int(keep.sum())
+        return torch.tensor(int(far.sum()) / n if n else 0.0, dtype=torch.float32)
 
     def gate(self, objective: Tensor, near: Tensor, mask: Tensor | None = None) -> Tensor:
         """Rule 1 and the ``beta`` weight of eq. 10: ``beta * mean_t(near_t * objective_t)``.
@@ -162,45 +162,9 @@ class ReFER(nn.Module):
     @torch.no_grad()
     def step_beta(self, far_fraction: Tensor | float) -> None:
         """:meth:`update_beta` from the far-policy fraction ``n_far / N`` already counted (e.g. by a
-        :class:`FarPolicyCount`)."""
+        :class:`~acer_torchrl.estimates.far_count.FarPolicyCount`)."""
         self.far_fraction.fill_(far_fraction)
         if not self.rule2:
             return
         eta = self.lr * self.lr_scale
         self.beta.copy_(refer_beta_update(self.beta, self.far_fraction, self.D, eta))
-
-
-class FarPolicyCount:
-    """``n_far`` and ``N`` of eq. 12 over a replay's stored weights, kept between ``beta`` updates.
-
-    Counting far-policy weights over the whole replay after every update is a pass over 2^18 stored steps, yet
-    between two counts the classification changes only where weights were written back: ``c_max`` (eq. 13)
-    moves with the env steps, i.e. once per collected batch, not per update. So the count is taken afresh when
-    ``c_max`` or the stored column's version changed (:meth:`share`), and otherwise corrected at the rewritten
-    slots only (:meth:`rewritten`). The same numbers as :meth:`ReFER.far_share` over the column.
-    """
-
-    def __init__(self):
-        self.far = np.zeros(0, dtype=bool)  # per slot: holds a step whose weight is far-policy at the key's c_max
-        self.n_far = self.n = 0
-        self.key: tuple[float, int] | None = None  # (c_max, version of the column) the count is for
-
-    def share(self, rho: np.ndarray, alive: np.ndarray, c_max: float, version: int) -> float:
-        """``n_far / N`` among the ``alive`` weights ``rho`` (one per slot) at cut-off ``c_max``; ``version`` changes
-        whenever ``rho`` or ``alive`` change other than through :meth:`rewritten`."""
-        if self.key != (c_max, version):
-            self.far = far_policy(rho, c_max) & alive
-            self.n_far, self.n = int(np.count_nonzero(self.far)), int(np.count_nonzero(alive))
-            self.key = (c_max, version)
-        return self.n_far / self.n if self.n else 0.0
-
-    def rewritten(self, slots: np.ndarray, rho: np.ndarray, before: int, after: int) -> None:
-        """The weights at ``slots`` (stored steps; repeats allowed) were rewritten in ``rho``, taking the column from
-        version ``before`` to ``after`` and changing nothing else; a count not of ``before`` is left to be retaken."""
-        if self.key is None or self.key[1] != before:
-            return
-        slots = np.unique(slots)
-        now = far_policy(rho[slots], self.key[0])
-        self.n_far += int(np.count_nonzero(now)) - int(np.count_nonzero(self.far[slots]))
-        self.far[slots] = now
-        self.key = (self.key[0], after)

@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
@@ -39,6 +39,9 @@ from acer_torchrl.objectives.functional import truncated_normal_log_prob, trunca
 from acer_torchrl.objectives.names import BEHAVIOUR
 from acer_torchrl.objectives.network_call import NetworkCall
 from acer_torchrl.objectives.refer import ReFER, gaussian_kl
+
+if TYPE_CHECKING:
+    import numpy as np
 
 STORED = "vracer"  # root of a batch's V^tbc and Q^ret (VRACEREstimates.before_update adds them)
 
