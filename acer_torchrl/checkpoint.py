@@ -254,8 +254,9 @@ NOT_CARRIED = ("rng", "health", "next_eval", "next_checkpoint")  # a new run's o
 
 def cut_weights(run_dir: Path, out: Path, max_bytes: int = WEIGHTS_MAX_BYTES) -> dict:
     """Write ``out``, the weights-only file of ``run_dir``'s latest checkpoint that a new run starts from
-    (``init_from=<out>``): the loss's state (its networks, the average / target copies it keeps), the target networks'
-    copy counters, the run's counters (env steps, updates, episodes, clocks; not its RNG, divergence watch or
+    (``init_from=<out>``): the loss's state (its networks, the average / target copies it keeps), the statistics its
+    agent fitted beside them (``estimates``: the state standardisation's ``fitted`` flag, V-RACER's reward scale; not
+    its per-step columns, which belong to the replay), the target networks' copy counters, the run's counters (env steps, updates, episodes, clocks; not its RNG, divergence watch or
     schedules) and the algorithm and env they belong to; the optimiser's state too when the whole fits in
     ``max_bytes`` (ACER's Atari network and its average network are 13.5 MB, Adam's moments as much again: left
     out). No replay. Returns what it kept: ``bytes``, ``optimizer`` (bool), ``env_steps``, ``updates``."""
@@ -271,6 +272,8 @@ def cut_weights(run_dir: Path, out: Path, max_bytes: int = WEIGHTS_MAX_BYTES) ->
         "updater_counters": state.get("updater_counters", []),
         "counters": {k: v for k, v in counters.items() if k not in NOT_CARRIED},
     }
+    if "estimates" in state:  # its tensors: the statistics (a dict of per-step columns stays with the replay)
+        weights["estimates"] = {k: v for k, v in state["estimates"].items() if isinstance(v, torch.Tensor)}
     if _state_bytes(weights) + _state_bytes(state["optimizer"]) <= max_bytes:
         weights["optimizer"] = state["optimizer"]
     size = _state_bytes(weights)

@@ -3,8 +3,9 @@
 ``RecipeJob()(recipe, overrides)`` runs :func:`acer_torchrl.cli.run` with ``key=value`` overrides that
 must fix ``run_dir=`` before submission, so that a requeued job finds its checkpoints there:
 
-* submitit's own preemption/timeout signal calls :meth:`RecipeJob.checkpoint`, which requeues the job
-  with ``resume=<run_dir>`` (the trainer's periodic checkpoint is the state to resume from);
+* submitit's own preemption/timeout signal is held until the batch in hand is done; the run is then
+  checkpointed and :meth:`RecipeJob.checkpoint` requeues the job with ``resume=<run_dir>``
+  (:class:`~acer_torchrl.processes.RunGuard`);
 * an external requeue (``scontrol requeue``, node failure) restarts the job with its original arguments;
   ``SLURM_RESTART_COUNT`` then tells :meth:`RecipeJob.__call__` to resume from ``run_dir`` as well.
 
@@ -14,8 +15,8 @@ the learner, every other task one collector process serving it over ``torch.dist
 
 A job of submitit's local executor (``slurm/submit.py --local``) handles SIGINT / SIGTERM as a recipe does: the
 run checkpoints and its result says where it stopped (:func:`run_stopping_on_signals`). Under SLURM submitit's
-own signal handling stays (requeue on preemption). A requeue that comes before the first checkpoint starts the run
-afresh. This module imports neither
+own signal handling stays (requeue on preemption). A requeue signalled while the run is still being built (before its
+loop starts) starts it afresh. This module imports neither
 torch nor the trainer at import time, so ``slurm/submit.py`` stays quick.
 """
 

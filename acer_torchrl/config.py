@@ -54,7 +54,7 @@ class ReplayConfig:
     # estimated from its neighbours' before; draws weighted by importance weights in every loss term
     prioritized: bool = False
     priority_uniform: float = 0.1  # share epsilon of uniform draws among the prioritized ones
-    priority_block: int = 32  # consecutive steps forming a neighbourhood (lazy priorities, O(block) per draw)
+    priority_block: int = 32  # consecutive steps forming a neighbourhood (lazy priorities; O(log blocks + block) per draw)
     # draw an update's batch on a thread while the update before it runs (the same draws; not with refresh or
     # prioritized: those draws read what the update before changes)
     prefetch: bool = False

@@ -176,7 +176,9 @@ class RunGuard:
         """Several runs in one process, a batch each in turn until each is done (the agents of a shared-replay
         sweep), or one (:meth:`train`); returns their summaries. A stop ends every run after the batch in hand,
         each saved by its ``stop_early()``, as does a helper's death (:class:`HelperDied`, raised by a run's
-        collector); a held requeue checkpoints every run first."""
+        collector); a held requeue checkpoints every run first. A stop this guard did not defer (no
+        ``stop_signals``: the caller installed them, as a sweep's rank does) may have landed inside a batch, so it
+        saves nothing: the runs' latest periodic checkpoints stay."""
         try:
             with self.holding_requeue():
                 batches = [run.start() for run in runs]
@@ -192,11 +194,12 @@ class RunGuard:
                         if not done and self.held_requeue is not None:
                             for run in runs:
                                 run.checkpoint()  # the requeued job resumes from this batch
-                            self.held_requeue()  # submitit: requeue, then exit
+                            requeue, self.held_requeue = self.held_requeue, None
+                            requeue()  # submitit: requeue, then exit (a job's other tasks: returns, goes on)
             with self.deferring_stops():
                 return [run.finish() for run in runs]
         except Interrupted as stop:
-            where = self.stop_early(runs)
+            where = self.stop_early(runs) if self.stop_signals is not None else None
             raise Interrupted(stop.signum, f"interrupted {where}" if where else None) from None
         except HelperDied as death:
             raise HelperDied(death.what, self.stop_early(runs)) from None

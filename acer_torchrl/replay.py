@@ -731,7 +731,9 @@ class OnlineWindows:
         return self.batches[0]
 
     def take(self, n: int) -> TensorDictBase:
-        """The ``n`` freshest windows (fewer if fewer were collected)."""
+        """``n`` windows (fewer if fewer were collected) from the newest batches: the newest batch's first (in its
+        row-major order: env 0's, in time order), then the batch before it; a whole number of batches, as the presets
+        ask, takes exactly the freshest."""
         windows, have = [], 0
         for batch in self.batches:
             if have >= n:

@@ -1,8 +1,11 @@
-"""The run directory: every file a run writes goes under it, and a new run never mixes with an old one.
+"""The run directory: every file a run writes goes under it, and a new run never mixes with an old one that
+finished or can be resumed.
 
 A new run refuses a directory that already holds a run that finished or can be resumed (``summary.json``
 or a checkpoint): it points to ``resume=`` or a new ``run_dir=``, unless ``overwrite=true``, which first
-deletes that run's files (only those: anything else in the directory stays). A directory that cannot be
+deletes that run's files (only those: anything else in the directory stays). A directory left by a run killed
+before its first checkpoint holds nothing to resume and is taken as it is: its logs (``metrics.csv``, TensorBoard
+events, the W&B run named after the directory) are written over or added to. A directory that cannot be
 made or written to is one :class:`~acer_torchrl.validation.ConfigError` line, before any work.
 
 A run holds an exclusive lock on its directory (``flock`` on ``run.lock``, which names the holder's host and
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 RUN_FILES = (
     "config.yaml", "metrics.csv", "metrics.csv.tmp", "summary.json", "learning_curve.png", "learning_curve.tmp.png",
     "tensorboard", "wandb", "checkpoint", "checkpoint.tmp", "checkpoint.old", "replay_storage", "resumes.jsonl",
+    "summary.json.tmp",
 )
 LOCK_FILE = "run.lock"  # never deleted (overwrite=true leaves it): a new file would be a second lock
 FINISHED_MARKS = ("summary.json", "checkpoint", "checkpoint.old")

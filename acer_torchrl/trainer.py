@@ -1,8 +1,9 @@
 """The one training loop shared by every loss.
 
 collect (asynchronous workers) -> store in the episode replay -> for each planned gradient step: draw a
-batch (online windows and/or replayed sequences), refresh the recurrent state, loss, clip, step, update
-target / average networks, the agent's hooks -> push weights to the workers -> evaluate, log, checkpoint.
+batch (online windows and/or replayed sequences), refresh the recurrent state, the agent's ``before_update``
+(V-RACER's targets), loss, clip, step, update target / average networks, the agent's ``after_update`` -> push
+weights to the workers -> evaluate, log, checkpoint.
 The workers keep collecting while the learner trains (``MultiAsyncCollector``).
 """
 
@@ -214,7 +215,8 @@ class Trainer:
 
     def _start_from_weights(self, path: Path) -> None:
         """A new run from ``init_from``'s weights (:func:`~acer_torchrl.checkpoint.cut_weights`): the networks, the
-        optimiser's state when the file keeps it (else the optimiser starts afresh), and the counters of the run they
+        optimiser's state when the file keeps it (else the optimiser starts afresh), the statistics fitted beside the
+        networks (a state standardisation stays as trained, not fitted afresh), and the counters of the run they
         were cut from (env steps, updates, episodes, clocks: this run's curve continues that run's, one restart on),
         its own seed's RNG and schedules; the replay is empty and refills (``replay.min_size`` steps before the
         replayed updates). A file of another algorithm or env, network or optimiser, is one line."""
@@ -223,7 +225,7 @@ class Trainer:
         if (weights["algorithm"], weights["env"]) != (cfg.loss, cfg.env.name):
             raise CheckpointError(f"init_from={path} holds {weights['algorithm']} weights for {weights['env']}, not "
                                   f"{cfg.loss} on {cfg.env.name}")
-        self.load_learner(weights, f"init_from={path}", estimates=False)
+        self.load_learner(weights, f"init_from={path}", estimates="estimates" in weights)
         self.counters = Counters(**weights["counters"])
         self.counters.restarts += 1
         if cfg.total_frames <= self.counters.env_steps:

@@ -108,3 +108,26 @@ def test_cut_weights_leaves_the_optimiser_out_when_it_does_not_fit_and_refuses_l
     with pytest.raises(CheckpointError, match="are .* MB, more than"):
         cut_weights(first, tmp_path / "tiny.pt", max_bytes=networks // 2)
     assert not (tmp_path / "tiny.pt").exists()
+
+
+def standardization(state: dict) -> dict[str, torch.Tensor]:
+    """The state standardisation's statistics among a loss's state entries (its ``loc`` and ``scale`` buffers)."""
+    return {k: v for k, v in state.items() if k.rsplit(".", 1)[-1] in ("loc", "scale")}
+
+
+def test_a_run_from_weights_keeps_the_fitted_state_standardisation(tmp_path):
+    """The statistics fitted beside the networks travel with the weights (``acer.standardize``: the network's
+    ``Standardize`` layer and its ``fitted`` flag): the new run's network sees its inputs as the saved one did, its
+    statistics are not fitted afresh on the new run's first steps (before, they were)."""
+    standardized = [*TINY, "acer.standardize=true", "acer.on_policy=false"]
+    run("acer", [*standardized, "total_frames=288", f"run_dir={tmp_path / 'first'}"])
+    cut_weights(tmp_path / "first", tmp_path / "weights.pt")
+    weights = torch.load(tmp_path / "weights.pt", weights_only=True)
+    fitted = standardization(weights["loss"])
+    assert fitted and bool(weights["estimates"]["fitted"])
+    assert not all(torch.equal(v, torch.zeros_like(v)) for k, v in fitted.items() if k.endswith("loc"))
+    run("acer", [*standardized, f"init_from={tmp_path / 'weights.pt'}", "total_frames=576",
+                 f"run_dir={tmp_path / 'second'}"])
+    state = torch.load(tmp_path / "second" / "checkpoint" / "state.pt", weights_only=True)
+    assert {k: v.tolist() for k, v in standardization(state["loss"]).items()} == \
+        {k: v.tolist() for k, v in fitted.items()}

@@ -565,6 +565,39 @@ def test_run_guard_lets_the_step_in_hand_end_before_a_stop_or_a_requeue(monkeypa
     assert fake.calls == ["step 0", "step 1", "checkpoint", "requeue", "close"]
 
 
+def test_a_stop_the_guard_did_not_defer_saves_nothing():
+    """A sweep's rank installs the stop signals itself (its guard has none): a stop lands wherever the rank is, inside
+    a batch too, so the guard saves nothing (no ``stop_early``: a checkpoint of half a batch would not agree with
+    itself) and the runs' latest periodic checkpoints stay."""
+    from acer_torchrl.processes import Interrupted, RunGuard, StopSignals
+
+    stops = StopSignals().install()
+    try:
+        fake = _SignalledRun(signal.SIGTERM)
+        with pytest.raises(Interrupted) as stop:
+            RunGuard().train(fake)
+    finally:
+        stops.restore()
+    assert fake.calls == ["step 0", "close"]  # cut inside step 1
+    assert stop.value.exit_code == 143
+
+
+def test_a_requeue_handler_that_returns_is_called_once(monkeypatch):
+    """In a SLURM job of several tasks submitit's handler requeues from the first task only and returns in the others:
+    those checkpoint once, call it once and go on (before, they checkpointed and called it after every batch)."""
+    from acer_torchrl.processes import RunGuard
+
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    fake = _SignalledRun(signal.SIGUSR2)
+    previous = signal.signal(signal.SIGUSR2, lambda *_: fake.calls.append("requeue"))
+    try:
+        RunGuard().train(fake)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert fake.calls == ["step 0", "step 1", "checkpoint", "requeue", "step 2", "step 3", "stop_collecting", "finish",
+                          "close"]
+
+
 def test_a_stop_signal_that_lands_in_a_weakref_callback_is_not_lost(capfd):
     """Python drops an exception raised in a weakref callback (only a traceback on stderr): a stop signal handled
     there must still stop the learner, at the next batch, and print nothing. Before, the learner went on, and a

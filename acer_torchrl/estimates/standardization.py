@@ -1,6 +1,6 @@
 """A state standardisation fitted once, for an agent without stored estimates (ACER's ``acer.standardize``).
 
-V-RACER standardises states with the mean and std of the first ``N_start`` stored observations (Novati &
+V-RACER standardises states with the mean and std of the observations stored once there are ``N_start`` (Novati &
 Koumoutsakos 2019, App. B, eq. 14-15), fitted by its :class:`~acer_torchrl.estimates.vracer.VRACEREstimates`.
 :class:`FittedStandardization` does the same for any other loss: it fits the network's
 :class:`~acer_torchrl.modules.Standardize` layer when the replay first holds ``n_start`` steps (the trainer's
@@ -20,7 +20,7 @@ from acer_torchrl.replay import EpisodeReplay
 
 class FittedStandardization:
     """The :class:`~acer_torchrl.agent.Agent`'s ``estimates`` hook that fits ``normalizer`` (a layer inside
-    ``loss``'s network) once, on the first ``n_start`` stored observations; ``fitted`` goes into the checkpoint (the
+    ``loss``'s network) once, on the observations stored when ``n_start`` have been written; ``fitted`` goes into the checkpoint (the
     statistics themselves are the network's buffers, checkpointed and pushed to the workers with its weights)."""
 
     out_keys = ()  # adds nothing to an update's output

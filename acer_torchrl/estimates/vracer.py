@@ -16,8 +16,8 @@ batch. Where they come from is here:
   values from ``t`` on, which is what is computed here when ``t`` is sampled (:meth:`VRACEREstimates.estimates`:
   a segment tree over eq. 8's affine steps, O(log replay) per sampled step, the same numbers as
   :func:`episode_targets`' loop over one episode).
-* **Preprocessing (App. B).** States are standardised with the mean and std of the first ``N_start`` stored
-  observations (eq. 14-15) by a :class:`~acer_torchrl.modules.Standardize` layer inside the network, so the acting
+* **Preprocessing (App. B).** States are standardised with the mean and std of the observations stored once
+  there are ``N_start`` (eq. 14-15) by a :class:`~acer_torchrl.modules.Standardize` layer inside the network, so the acting
   policy on the workers receives it with the weights; rewards are divided by ``sigma_r = sqrt(mean r^2)`` over the
   replay (eq. 16), recomputed every ``reward_scale_interval`` gradient steps. When ``sigma_r`` changes, the stored
   values are rescaled by ``sigma_old / sigma_new`` so that they stay in the units of the current reward scale.
@@ -141,7 +141,8 @@ class VRACEREstimates:
         for name in ("reward_scale", "fitted", "updates"):
             getattr(self, name).copy_(state[name])
         self.stored = SlotEstimates()
-        self.stored.load_state(state["stored"])
+        if "stored" in state:  # (a weights file, init_from, keeps the statistics alone: its steps are the new run's)
+            self.stored.load_state(state["stored"])
         self._far = FarPolicyCount()
         self._recursion = self._drawn = None
 

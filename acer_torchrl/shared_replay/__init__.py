@@ -21,8 +21,8 @@ sweep's keys, the per-agent configs, both drivers, the SLURM task and the result
 
 Why an RPC storage server rather than all-gathering new data into a replica on every rank: the sweep must
 hold one replay, not N (sec. 5.5: sharing "saves memory"), and agents may run at different speeds across
-machines; collectives would force lock-step and N copies. The price is one round trip per extend/sample
-and rank 0's RPC threads doing the replay's bookkeeping under a lock.
+machines; collectives would force lock-step and N copies. The price is a round trip per call into the replay
+(a few per draw: its size, the draw, the recurrent prefix; V-RACER's stored estimates more) and rank 0's RPC threads doing the replay's bookkeeping under a lock.
 """
 
 from acer_torchrl.shared_replay.server import AGENT_KEY, AgentReplay, RemoteReplay, SharedReplay, serve

@@ -559,9 +559,9 @@ class SweepTask(submitit.helpers.Checkpointable):
     agent of this task's rank, rendezvous from :func:`acer_torchrl.cluster.job_rank_info`.
 
     Like :class:`acer_torchrl.cluster.RecipeJob`, it survives preemption: submitit's signal (handled by
-    rank 0) requeues the job through :meth:`checkpoint`, and an external requeue restarts it with
-    ``SLURM_RESTART_COUNT > 0``; either way every agent resumes from its latest periodic checkpoint in the
-    sweep directory (agent 0's holds the shared replay), once all agents have one.
+    rank 0) requeues the job through :meth:`checkpoint` after every agent checkpointed the batch in hand, and an
+    external requeue restarts it with ``SLURM_RESTART_COUNT > 0``; either way every agent resumes from its latest
+    checkpoint in the sweep directory (agent 0's holds the shared replay), once all agents have one.
     """
 
     def __call__(self, argv: list[str]) -> dict | None:
