@@ -50,7 +50,7 @@ class ReplayConfig:
     min_size: int = 1_000  # replay updates start once this many steps are stored
     memmap: bool = False  # memory-mapped storage under <run_dir>/replay_storage (large Atari buffers)
     recurrent_state: str = "refresh"  # refresh | stored | zero: LSTM state at a sampled sequence's start
-    # prioritized sequence replay (Reactor sec. 3.3): a window's priority is its mean |TD error| once trained on,
+    # prioritized sequence replay (Reactor ICLR sec. 3.3): a window's priority is its mean |TD error| once trained on,
     # estimated from its neighbours' before; draws weighted by importance weights in every loss term
     prioritized: bool = False
     priority_uniform: float = 0.1  # share epsilon of uniform draws among the prioritized ones

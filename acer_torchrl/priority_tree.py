@@ -1,4 +1,4 @@
-"""Prioritized sequence replay (Reactor, Gruslys et al. 2018, sec. 3.3): which window start to draw.
+"""Prioritized sequence replay (Reactor, Gruslys et al. 2018, ICLR version, sec. 3.3): which window start to draw.
 
 Every stored step starts a window (the overlapping sequences of the paper). A window gets a priority of its own
 only once it has been drawn and trained on (the mean absolute TD error along it); until then it is *unassigned*

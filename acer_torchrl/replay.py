@@ -169,7 +169,7 @@ class EpisodeReplay:
         seed: sampling seed.
         frame_stack: ``k > 1`` when ``"observation"`` is a stack of the last ``k`` frames (Atari): its frames
             are stored once each (:class:`~acer_torchrl.frame_store.FrameStore`).
-        priorities: prioritized sequence replay (Reactor sec. 3.3): sequences start where these priorities
+        priorities: prioritized sequence replay (Reactor ICLR sec. 3.3): sequences start where these priorities
             draw them (:class:`~acer_torchrl.priority_tree.SequencePriorities`), each batch with its importance
             weights and the writes it was drawn from (:meth:`update_priorities` gives the trained windows their
             priorities); None: uniform starts.

@@ -7,7 +7,7 @@ batch. Where they come from is here:
   recent ``V(s_k)``, ``rho_k`` and ``V(s_{k+1})``, indexed by the replay's slot (:class:`SlotEstimates`, beside the
   replay rather than in it: each agent of a shared-replay sweep keeps its own); a step's are computed when it is
   first seen in the replay. A sampled step trains on ``V^tbc_k`` (value target, eq. 9) and
-  ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 5-6 with ``Q := V``), eq. 8 run from its episode's last stored step
+  ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 6-7 with ``Q := V``), eq. 8 run from its episode's last stored step
   over these stored values (:meth:`VRACEREstimates.before_update`); its fresh ``V`` and ``rho`` (and ``V(s_{k+1})``,
   the bootstrap where it is its episode's last stored step) are written back (:meth:`VRACEREstimates.after_update`).
   Terminal steps bootstrap on 0, a truncated (or still open) episode's last stored step on ``V(s_{T})``.

@@ -153,7 +153,7 @@ class ACERLoss(ReplayLoss):
             action_value: Q over actions (discrete); state_value: V (continuous).
             core: torso features the SDN advantage network reads (continuous).
             priority_weight: a prioritized replay's importance weight of each window (optional: every loss
-                term is then weighted by it, Reactor sec. 3.3).
+                term is then weighted by it, Reactor ICLR sec. 3.3).
         """
 
         action: NestedKey = "action"
@@ -346,7 +346,8 @@ class ACERLoss(ReplayLoss):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The phi-surrogate of the (projected) policy gradient.
 
-        ``g`` is the gradient of the per-step policy objective w.r.t. ``phi_t`` (eq. 10 discrete, eq. 16
+        ``g`` is the gradient of the per-step policy objective w.r.t. ``phi_t`` (eq. 10 discrete, whose correction
+        term as printed reads ``log f(a_t|phi)`` where eq. 9 and Alg. 2 have ``log f(a|phi)``, taken here; eq. 16
         continuous), projected to ``z*_t`` by eq. 12 against ``k_t`` (:meth:`_kl_gradient`), and returned as
         ``-mean_t z*_t . phi_t`` whose gradient carries ``z*`` into theta (each window's steps ``weight``-ed).
         """
@@ -421,7 +422,7 @@ class ACERLoss(ReplayLoss):
                 "entropy": entropy,
                 "state_value": masked_mean(value.detach(), mask),
                 "q_ret": masked_mean(q_ret, mask),
-                "priority": window_priority(td_error, mask),  # Reactor sec. 3.3: mean |Q^ret - Q(x, a)|
+                "priority": window_priority(td_error, mask),  # Reactor ICLR sec. 3.3: mean |Q^ret - Q(x, a)|
                 **diagnostics,
                 **self._critic_weight_stat(),
             },

@@ -162,7 +162,7 @@ def weighted_mean(value: torch.Tensor, mask: torch.Tensor | None, weight: torch.
 @torch.no_grad()
 def window_priority(td_error: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``[B]``: each window's mean absolute TD error over its real steps (``td_error`` and ``mask`` ``[B, T, 1]``),
-    the priority of a prioritized sequence replay (Reactor sec. 3.3)."""
+    the priority of a prioritized sequence replay (Reactor ICLR sec. 3.3)."""
     mask = mask.expand_as(td_error).to(td_error.dtype)
     return (td_error.abs() * mask).flatten(1).sum(-1) / mask.flatten(1).sum(-1).clamp_min(1.0)
 

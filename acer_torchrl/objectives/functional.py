@@ -449,7 +449,7 @@ def vtrace_reference(
     done: Tensor,
 ) -> VTraceReturns:
     """V-trace targets and policy-gradient advantages: the definition, IMPALA's eq. 1 (Espeholt et al.
-    2018) in its recursive form (their Remark 1; LASER Sec. 2.3) run backwards over ``t``.
+    2018) in its recursive form (their Remark 1; LASER Sec. 2.3 gives the sum form) run backwards over ``t``.
 
     With ``rhō_t, c_t = weights`` (:func:`truncated_importance_weights`, possibly under
     :func:`laser_relevant_weights`) and ``delta_t = r_t + gamma (1 - terminated_t) V(s_{t+1}) - V(s_t)``:
@@ -488,6 +488,8 @@ def vtrace_reference(
         r, value, next_value = reward[..., t, :], state_value[..., t, :], next_state_value[..., t, :]
         end = terminated[..., t, :]
         # v_{t+1} where row t+1 is in the window and the same episode, V(s_{t+1}) otherwise
+        # (the correction reads next_state_value[t] where vtrace_from_weights reads state_value[t+1]: the same
+        # number V(s_{t+1}) within an episode, the module's convention)
         v_next = next_value if v_after is None else torch.where(done[..., t, :], next_value, v_after)
         delta = r + gamma * torch.where(end, 0.0, next_value) - value
         v_t = value + rho[..., t, :] * delta + gamma * c[..., t, :] * (v_next - next_value)

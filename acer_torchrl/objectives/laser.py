@@ -29,7 +29,7 @@ issue asks. Further:
 * **The Atari preset keeps ``alpha = 1/8`` and 32 sequences per batch.** Sec. 5.1 gives, for Atari, "96%
   replay data per batch" and "mini-batches of 32 (regular) and 128 (replay) trajectories" of 19 steps;
   the two do not agree (32 + 128 is 80% replay), so neither is copied. 160 trajectories per step through
-  the CNN would also dominate a CPU learner; the preset uses sec. 5.3's 7:8 with the batch of 32.
+  the CNN would also dominate a CPU learner; the preset uses sec. 5.3's 87.5 % (7 replayed windows to 1 online) with the batch of 32.
 * **The online windows are reused within a collected batch.** The trainer collects, then takes
   ``updates_per_batch`` steps; each step's online share is the same freshest windows
   (:class:`~acer_torchrl.replay.OnlineWindows`, older batches' windows filling a larger share), so an
@@ -148,7 +148,7 @@ class LASERLoss(ReplayLoss):
             value: ``V(s)`` written by the network.
             reward, done, terminated: under ``"next"``.
             priority_weight: a prioritized replay's importance weight of each window (optional: every loss
-                term is then weighted by it, Reactor sec. 3.3).
+                term is then weighted by it, Reactor ICLR sec. 3.3).
         """
 
         action: NestedKey = "action"

@@ -54,7 +54,7 @@ OUTPUTS = {
     # per window, for a prioritized replay (left out of the update's statistics)
     "priority": "each window's mean |TD error| over its real steps (ACER, Reactor: |Q^ret - Q|, Reactor's distributional "
                 "critic: the total variation between q* and q; LASER: |v_s - V|), "
-                "its new priority in a prioritized replay (Reactor sec. 3.3); a [B] tensor, not a metrics column",
+                "its new priority in a prioritized replay (Reactor ICLR sec. 3.3); a [B] tensor, not a metrics column",
     # V-RACER and its stored estimates
     "kl": "V-RACER: D_KL(mu || pi) (Rule 2, eq. 10)",
     "far_batch": "V-RACER: share of the batch's steps that are far-policy (Rule 1, rho outside [1/c_max, c_max])",

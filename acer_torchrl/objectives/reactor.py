@@ -2,15 +2,15 @@
 
 * Critic: Retrace(lambda) (eq. 1-2) towards targets built with a target network Q_T (eq. 7), updated every
   ``T_update`` learner steps (sec. 3.4), L2 loss (sec. 3.5).
-* Or, with ``distributional=True``, the distributional critic (sec. 3.2 and eq. 12 of the ICLR 2018 version; the
-  arXiv text the other numbers cite has no such section): ``q_i(x, a)``, a softmax over ``N`` atoms
+* Or, with ``distributional=True``, the distributional critic (sec. 3.2 and eq. 12 of the ICLR 2018 version, as
+  every "ICLR" citation here; the arXiv text the other numbers cite has no such section): ``q_i(x, a)``, a softmax over ``N`` atoms
   ``z_i = v_min + i (v_max - v_min) / (N - 1)`` per action (C51), from dueling logits (sec. 3.4.1), ``Q(x, a) =
   sum_i q_i(x, a) z_i``. Its target is Retrace written as a mixture of ``n``-step backups of Q_T's distributions,
   ``q*_i(x_t, a_t) = sum_n sum_a alpha_{n,a} sum_j q_j(x_{t+n}, a) h_{z_i}(z^n_j)``, ``z^n_j = sum_{s<n}
   gamma^s r_{t+s} + gamma^n z_j``, ``alpha_{n,a} = (c_{t+1} ... c_{t+n-1}) (pi(a|x_{t+n}) - 1{a = a_{t+n}}
   c_{t+n})`` (signed; they sum to 1), ``h`` C51's projection on the grid
   (:func:`~acer_torchrl.objectives.functional.distributional_retrace`); the loss is eq. 12's KL
-  ``-sum_i q*_i log q_i(x_t, a_t)``, ``q*`` not renormalised. A window's replay priority (sec. 3.3) is the mean
+  ``-sum_i q*_i log q_i(x_t, a_t)``, ``q*`` not renormalised. A window's replay priority (ICLR sec. 3.3) is the mean
   total variation ``1/2 sum_i |q*_i - q_i|`` over its steps (the ``priority`` output). The actor, the action gap
   and ``R(A)`` read the means: ``Q`` and the mean of ``q*``, which is the scalar ``Q^ret`` of Q_T's means where
   the projection is exact.
@@ -19,7 +19,7 @@
   ``R(A)`` is the Retrace-corrected return. Entropy bonus scaled by 0.1 x the mean action gap (sec. 3.5).
 * Behaviour probabilities memorised (mu stored at acting time, "M" variants) or learned (a mu-hat head
   trained by cross-entropy on replayed actions, "L" variants, sec. 3.2), used for the traces and beta.
-* Network (Table 1, sec. 3.3): a shared encoder (Atari: conv net with concatenated ReLUs; vectors: an MLP
+* Network (Table 1, arXiv sec. 3.3): a shared encoder (Atari: conv net with concatenated ReLUs; vectors: an MLP
   with concatenated ReLUs), separate LSTMs for Q, pi and mu-hat, a dueling Q head and softmax heads mixed
   with a uniform epsilon. Only the Q branch back-propagates into the shared encoder.
 * Purely off-policy: every learner step replays sequences (sec. 3.6); acting overlaps learning through the
@@ -171,7 +171,7 @@ class Critic(NamedTuple):
     q_taken: torch.Tensor
     """``Q(x_t, a_t)`` of the learning network, ``[B, T, 1]``, detached."""
     priority: torch.Tensor
-    """Each window's replay priority, ``[B]``, detached (sec. 3.3: the mean ``|Q^ret - Q(x, a)|``; distributional:
+    """Each window's replay priority, ``[B]``, detached (ICLR sec. 3.3: the mean ``|Q^ret - Q(x, a)|``; distributional:
     :func:`window_total_variation`)."""
 
 
@@ -182,7 +182,7 @@ def gather_action(per_action: torch.Tensor, action: torch.Tensor) -> torch.Tenso
 
 
 def window_total_variation(target: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The distributional critic's replay priority (sec. 3.3: "total variation in the distributional Retrace case"):
+    """The distributional critic's replay priority (ICLR sec. 3.3: "total variation in the distributional Retrace case"):
     per window, the mean over its real steps of ``TV(q*, q) = 1/2 sum_i |q*_i - q_i|``, ``[B]`` (``target``,
     ``probs``: ``[B, T, N]``; ``mask``: ``[B, T, 1]``)."""
     return window_priority(0.5 * (target - probs).abs().sum(-1, keepdim=True), mask)
@@ -216,7 +216,7 @@ class ReactorLoss(ReplayLoss):
     ``loss_objective`` (eq. 5 / TISLR), ``loss_entropy``, ``loss_behaviour`` (learned only) and diagnostics:
     every entry of :attr:`out_keys` (:data:`~acer_torchrl.objectives.names.OUTPUTS` says what each is), among them
     ``priority`` ``[B]``: each window's mean ``|Q^ret - Q(x, a)|``, or when distributional its total variation
-    between ``q*`` and ``q`` (sec. 3.3).
+    between ``q*`` and ``q`` (ICLR sec. 3.3).
 
     Examples:
         >>> import torch
@@ -262,7 +262,7 @@ class ReactorLoss(ReplayLoss):
             behaviour_log_prob, behaviour_logits: mu written at acting time (never recomputed).
             action_value, logits, mu_logits: the network's outputs (Q, log pi, log mu-hat).
             priority_weight: a prioritized replay's importance weight of each window (optional: every loss
-                term is then weighted by it, sec. 3.3).
+                term is then weighted by it, ICLR sec. 3.3).
             action_value_logits: the categorical critic's logits ``[.., A, N]`` (distributional only).
         """
 
@@ -390,7 +390,7 @@ class ReactorLoss(ReplayLoss):
             )
         q_taken = q.gather(-1, w.action)
         loss = 0.5 * weighted_mean((q_ret - q_taken).pow(2), w.mask, w.weight)
-        priority = window_priority(q_ret - q_taken.detach(), w.mask)  # sec. 3.3: mean |Q^ret - Q(x, a)|
+        priority = window_priority(q_ret - q_taken.detach(), w.mask)  # ICLR sec. 3.3: mean |Q^ret - Q(x, a)|
         return Critic(loss, q.detach(), q_ret, q_taken.detach(), priority)
 
     def _distributional_critic(

@@ -110,7 +110,7 @@ class ReFER(nn.Module):
         """The importance weight ``rho_t`` entering the per-step objective (e.g. V-RACER's off-PG, eq. 5), and its
         derivative ``d rho_t / d log rho_t`` (the chain rule's factor towards the policy's log-density).
 
-        Far-policy steps (``near`` False) get 1 before ``exp`` and slope 0: :meth:`gate` drops their gradient,
+        Far-policy steps (``near`` False) get log-weight 0 (``rho = 1``) and slope 0: :meth:`gate` drops their gradient,
         which thus stays finite. With Rule 2 but not Rule 1 (ReF-ER-2), ``rho_t <- min(rho_t, 10^3)`` as in
         sec. 5.3 ("the results of ReF-ER-2 are obtained by clipping all importance weights"), clipped in log
         space so that it cannot overflow; a clipped step has slope 0. The other uses of ``rho`` (``min(1, rho)``

@@ -5,7 +5,7 @@ preprocessing, Algorithms 1-3). One network outputs ``V(s)``, the Gaussian mean 
 state-independent diagonal std; training samples single time steps from the replay:
 
 * **Targets (sec. 2).** A sampled step's gradient uses ``V^tbc_k`` (value target, eq. 9) and
-  ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 5-6 with ``Q := V``), eq. 8 over its episode's stored
+  ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 6-7 with ``Q := V``), eq. 8 over its episode's stored
   estimates. The loss reads both from the batch (:attr:`VRACERLoss.default_keys`): in this package
   :class:`~acer_torchrl.estimates.vracer.VRACEREstimates` keeps the stored estimates beside the
   replay and adds them to each drawn batch (Algorithm 3's write-back included); for one episode held in
@@ -190,7 +190,7 @@ class VRACERLoss(ReplayLoss):
             behaviour_log_prob: ``log mu(a_k|s_k)`` stored at acting time.
             value, loc, scale: outputs of the learning network.
             value_target: ``V^tbc_k`` (eq. 8-9), ``[*, 1]``.
-            q_ret: ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 5-6), ``[*, 1]``.
+            q_ret: ``Q^ret_k = r_{k+1} + gamma V^tbc_{k+1}`` (eq. 6-7), ``[*, 1]``.
         """
 
         action: NestedKey = "action"

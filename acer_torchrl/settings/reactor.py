@@ -184,7 +184,7 @@ PRESETS = {
     },
 }
 
-# The atari preset with the paper's prioritized sequence replay (sec. 3.3, Figure 3's "Reactor"): lazy priorities per
+# The atari preset with the paper's prioritized sequence replay (ICLR version sec. 3.3, Figure 3's "Reactor"): lazy priorities per
 # 32-step neighbourhood, importance weights with beta = 1; a variant, so that the atari preset's rows stay comparable
 PRESETS["atari_prioritized"] = {**PRESETS["atari"], "replay.prioritized": True}
 
