@@ -268,6 +268,7 @@ def cut_weights(run_dir: Path, out: Path, max_bytes: int = WEIGHTS_MAX_BYTES) ->
     weights = {
         "algorithm": config["loss"],
         "env": config["env"]["name"],
+        "network": config["network"],  # what the weights' shapes do not say (the activation): compared by init_from
         "loss": state["loss"],
         "updater_counters": state.get("updater_counters", []),
         "counters": {k: v for k, v in counters.items() if k not in NOT_CARRIED},

@@ -406,7 +406,10 @@ def load_config(recipe: str | None, overrides: list[str]) -> Config:
     """
     pairs = parse_overrides(overrides)
     given = dict(pairs)
-    if "resume" in given and given["resume"]:
+    for key, what in (("resume", "a run directory"), ("init_from", "a weights file")):
+        if key in given and not given[key]:  # e.g. resume=$RUN with RUN unset: not a new run in disguise
+            raise ConfigError(f"{key}= is empty: give {what} ({key}=<path>), or leave {key} out for a new run")
+    if "resume" in given:
         check_dir_name(given["resume"], "resume")
         saved = Path(given["resume"]) / "config.yaml"
         if not saved.is_file():
@@ -507,6 +510,28 @@ def is_run_defining(key: str) -> bool:
     """Whether ``key`` (``section.field``; the algorithm's ``<loss>.field``) is refused if changed on resume: every
     key that is neither applied to the resumed run (:data:`APPLIED_ON_RESUME`) nor where it lives."""
     return key not in APPLIED_ON_RESUME and key not in RESUME_BOOKKEEPING
+
+
+def run_defining_settings(cfg: Config) -> dict[str, Any]:
+    """``cfg``'s run-defining keys and their values (lists for tuples): what a checkpoint keeps of the settings it was
+    trained with, so that a resume whose ``config.yaml`` was edited by hand is refused (:func:`edited_settings`)."""
+    def plain(value: Any) -> Any:
+        return [plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+    return {k: plain(v) for k, v in flat_settings(cfg).items() if is_run_defining(k)}
+
+
+def edited_settings(cfg: Config, trained_with: dict[str, Any]) -> ConfigError | None:
+    """The one line refusing a resume of ``cfg.resume`` whose run-defining settings (from its ``config.yaml``) differ
+    from ``trained_with``, those its checkpoint recorded; None when they agree (keys one side lacks, of another
+    version of the package, are not compared)."""
+    now = run_defining_settings(cfg)
+    edited = [k for k, v in trained_with.items() if k in now and now[k] != v]
+    if not edited:
+        return None
+    listed = ", ".join(f"{k}={now[k]} (trained with {trained_with[k]})" for k in edited[:3])
+    return ConfigError(f"resume={cfg.resume}: config.yaml holds {listed}, not the settings its checkpoint was trained "
+                       "with (edited by hand?); put them back, or start a new run to change them")
 
 
 def check_resume_changes(cfg: Config) -> dict[str, tuple[Any, Any]]:

@@ -33,7 +33,8 @@ from acer_torchrl.agent import Agent
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, load_weights, save_checkpoint
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
 from acer_torchrl.commands import shell_command
-from acer_torchrl.config import Config, ConfigError, dump_yaml, resume_changes
+from acer_torchrl.config import (Config, ConfigError, dump_yaml, edited_settings, resume_changes,
+                                 run_defining_settings)
 from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config, evaluation_seed
 from acer_torchrl.health import Health, ReLUActivity, most_dead_layer
@@ -171,10 +172,14 @@ class Trainer:
             # a target network's copy schedule (TorchRL's HardUpdate counts its steps) survives a restart
             "updater_counters": [int(getattr(u, "counter", 0)) for u in self.agent.updaters],
             **({"estimates": self.agent.estimates.state_dict()} if self.agent.estimates is not None else {}),
+            "settings": run_defining_settings(self.cfg),  # what it was trained with: a hand-edited config.yaml is refused
         }
 
     def _resume(self) -> None:
         state, counters = load_checkpoint(self.run_dir, self.replay)
+        edited = edited_settings(self.cfg, state.get("settings", {}))  # (a checkpoint of before 2026-11-29: none)
+        if edited is not None:
+            raise edited
         self.load_learner(state, f"checkpoint in {self.run_dir}", estimates=True)
         torch.set_rng_state(state["torch_rng"])
         cuda_rng = state.get("cuda_rng", [])
@@ -225,6 +230,12 @@ class Trainer:
         if (weights["algorithm"], weights["env"]) != (cfg.loss, cfg.env.name):
             raise CheckpointError(f"init_from={path} holds {weights['algorithm']} weights for {weights['env']}, not "
                                   f"{cfg.loss} on {cfg.env.name}")
+        network = dataclasses.asdict(cfg.network)
+        other = [k for k, v in weights.get("network", {}).items() if network.get(k, v) != v]  # (older files: none)
+        if other:
+            raise CheckpointError(f"init_from={path} holds weights of a network with "
+                                  + ", ".join(f"network.{k}={weights['network'][k]}" for k in other)
+                                  + ", this run's has " + ", ".join(f"network.{k}={network[k]}" for k in other))
         self.load_learner(weights, f"init_from={path}", estimates="estimates" in weights)
         self.counters = Counters(**weights["counters"])
         self.counters.restarts += 1

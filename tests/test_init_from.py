@@ -64,7 +64,11 @@ def test_a_run_from_weights_plays_the_saved_policy_and_continues_the_counters(tm
 
 @pytest.mark.parametrize("overrides, error, message", [
     (["loss=laser"], CheckpointError, "holds acer weights for CartPole-v1, not laser on CartPole-v1"),
-    (["network.hidden=32"], CheckpointError, "does not match this configuration ("),
+    (["network.hidden=32"], CheckpointError,
+     "holds weights of a network with network.hidden=[16], this run's has network.hidden=[32]"),
+    # the same shapes, another function: before, loaded without a word
+    (["network.activation=tanh"], CheckpointError,
+     "holds weights of a network with network.activation=relu, this run's has network.activation=tanh"),
     (["optim.name=rmsprop"], CheckpointError,
      "its optimiser state is adam's, this run's optim.name=rmsprop"),
     (["total_frames=384"], ConfigError, "is at 384 env steps: give total_frames > 384"),

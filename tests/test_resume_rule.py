@@ -189,6 +189,20 @@ def test_a_run_that_recorded_the_removed_compile_keys_resumes(tmp_path):
         trainer.close()
 
 
+def test_a_config_yaml_edited_by_hand_is_refused_on_resume(tmp_path):
+    """gamma changed in config.yaml, not on the command line: the checkpoint keeps the settings it was trained with, so
+    the resume is refused in one line (before, it trained on with gamma 0.9 and recorded no change)."""
+    tiny_checkpoint("acer", tmp_path)
+    saved = tmp_path / "config.yaml"
+    gamma = [line for line in saved.read_text().splitlines() if line.startswith("gamma: ")][0]
+    saved.write_text(saved.read_text().replace(gamma, "gamma: 0.9"))
+    with pytest.raises(ConfigError) as err:
+        Trainer(load_config("acer", [f"resume={tmp_path}", "total_frames=5000"]))
+    assert str(err.value) == (f"resume={tmp_path}: config.yaml holds gamma=0.9 (trained with {gamma.split()[1]}), not "
+                              "the settings its checkpoint was trained with (edited by hand?); put them back, or start "
+                              "a new run to change them")
+
+
 def test_optimiser_settings_changed_on_resume_reach_the_loaded_optimiser(tmp_path):
     """Issue 56 item 1: loading the checkpoint restored the saved eps and weight decay over the new ones."""
     tiny_checkpoint("acer", tmp_path)

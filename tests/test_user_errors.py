@@ -100,6 +100,9 @@ MORE_CASES = [
     ("device=cuda:x", ["device=cuda:x"], "device must be auto, cpu, cuda or cuda:<index>, got 'cuda:x'"),
     ("acer.alpha=1", ["acer.alpha=1"], "acer.alpha must be in [0, 1), got 1.0; e.g. acer.alpha=0.99"),
     ("run_dir empty", ["run_dir="], "run_dir= is empty"),
+    # resume=$RUN with RUN unset: refused, not a new run started in its place
+    ("resume empty", ["resume="], "resume= is empty: give a run directory"),
+    ("init_from empty", ["init_from="], "init_from= is empty: give a weights file"),
     ("run_dir is a file", lambda t: [f"run_dir={t / 'file'}"], "cannot be used as a run directory (it is a file"),
     ("run_dir holds a checkpoint", lambda t: [f"run_dir={run_dir_holding(t, 'checkpoint')}"],
      "or add overwrite=true to replace it"),
