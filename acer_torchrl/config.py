@@ -243,6 +243,20 @@ def _parse_int(value: Any) -> int:
     return int(number)
 
 
+def _list_items(text: str) -> list[str]:
+    """The items of a list given on the command line: ``[128,128]``, ``128,128`` or ``128`` (``[]``: none); an
+    unbalanced or nested bracket or an empty item is a ValueError, never read as some other list."""
+    inner = text.strip()
+    if inner.startswith("[") and inner.endswith("]"):
+        inner = inner[1:-1]
+    if "[" in inner or "]" in inner:
+        raise ValueError(f"{text!r} is not a list like [128,128] (unbalanced or nested brackets)")
+    items = [v.strip() for v in inner.split(",")] if inner.strip() else []
+    if not all(items):
+        raise ValueError(f"{text!r} has an empty item; give a list like [128,128]")
+    return items
+
+
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Convert ``value`` (a string from the command line, or a YAML scalar) to ``annotation``."""
     origin = typing.get_origin(annotation)
@@ -264,7 +278,7 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         if origin is list:
             (item,) = args
             if isinstance(value, str):
-                value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+                value = _list_items(value)
             return [_coerce(v, item, key) for v in value]
         if annotation is bool:
             return value if isinstance(value, bool) else _parse_bool(str(value))

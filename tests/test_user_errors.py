@@ -103,6 +103,10 @@ MORE_CASES = [
     # resume=$RUN with RUN unset: refused, not a new run started in its place
     ("resume empty", ["resume="], "resume= is empty: give a run directory"),
     ("init_from empty", ["init_from="], "init_from= is empty: give a weights file"),
+    # a list mistyped is refused, not read as another list ([16, before: [16]; [[16],[32]]: [16, 32])
+    ("list: unbalanced", ["network.hidden=[16,"], "'[16,' is not a list like [128,128]"),
+    ("list: nested", ["network.hidden=[[16],[32]]"], "is not a list like [128,128] (unbalanced or nested"),
+    ("list: an empty item", ["network.hidden=[16,,32]"], "'[16,,32]' has an empty item"),
     ("run_dir is a file", lambda t: [f"run_dir={t / 'file'}"], "cannot be used as a run directory (it is a file"),
     ("run_dir holds a checkpoint", lambda t: [f"run_dir={run_dir_holding(t, 'checkpoint')}"],
      "or add overwrite=true to replace it"),
