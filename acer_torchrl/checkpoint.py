@@ -281,9 +281,14 @@ def cut_weights(run_dir: Path, out: Path, max_bytes: int = WEIGHTS_MAX_BYTES) ->
     if size > max_bytes:
         raise CheckpointError(f"the weights of {run_dir} are {size / 1e6:.1f} MB, more than {max_bytes / 1e6:.1f} MB")
     out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_dir():
+        raise CheckpointError(f"{out} is a directory: give the weights file's path (e.g. {out / 'weights.pt'})")
     tmp = out.with_name(out.name + ".tmp")
     torch.save(weights, tmp)
-    tmp.replace(out)
+    try:
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return {"bytes": out.stat().st_size, "optimizer": "optimizer" in weights,
             "env_steps": counters["env_steps"], "updates": counters["updates"]}
 
@@ -296,9 +301,11 @@ def load_weights(path: Path) -> dict:
     try:
         weights = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # noqa: BLE001 - any failure here means the file is unusable
-        message = str(err).splitlines()[0] if str(err) else ""
-        reason = os_reason(err) if isinstance(err, OSError) else f"{type(err).__name__}: {message}"
-        raise CheckpointError(f"init_from={path} cannot be read ({reason})") from None
+        if isinstance(err, OSError):
+            raise CheckpointError(f"init_from={path} cannot be read ({os_reason(err)})") from None
+        # (torch's own message would suggest weights_only=False: unpickling a file of unknown origin)
+        raise CheckpointError(f"init_from={path} is not a weights file (torch.load: {type(err).__name__}); cut one "
+                              "from a run directory with benchmarks/gpu/cut_weights.py") from None
     missing = [k for k in ("algorithm", "env", "loss", "counters") if not isinstance(weights, dict) or k not in weights]
     if missing:
         raise CheckpointError(f"init_from={path} is not a weights file (no {missing[0]}); cut one from a run directory "

@@ -6,12 +6,21 @@ one lacks the packages (or is missing), and the printed command would fail where
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import sys
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]  # where recipes/, slurm/ and benchmarks/ are
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (``error: ... (--help: the usage)``) and exit code 2, as
+    the recipes' are, instead of argparse's usage block before the error."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} ({self.prog} --help: the usage)\n")
 
 
 def shell_command(script: str, *args: str) -> str:

@@ -518,7 +518,8 @@ class Trainer:
         summary = read_summary(self.run_dir / "summary.json")
         if not (self.cfg.resume and self.counters.env_steps >= self.cfg.total_frames and summary is not None):
             return None
-        return {**summary, "already_finished": True, "total_frames": self.cfg.total_frames}
+        # run_dir: where it is now (a copy, to branch it, holds its original's summary.json)
+        return {**summary, "already_finished": True, "total_frames": self.cfg.total_frames, "run_dir": str(self.run_dir)}
 
     def stop_early(self) -> str | None:
         """Stop before ``total_frames`` (a stop signal): the collector shut down, the steps taken since the latest

@@ -41,7 +41,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from acer_torchrl.cli import with_stop_signals
 from acer_torchrl.cluster import RecipeJob
-from acer_torchrl.commands import shell_command
+from acer_torchrl.commands import OneLineErrors, shell_command
 from acer_torchrl.config import ConfigError, override_value, without_keys
 from acer_torchrl.metrics import read_summary
 from acer_torchrl.processes import Interrupted
@@ -246,7 +246,7 @@ def recipe_name(given: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     prog = shell_command("slurm/submit.py")
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog=prog,
         description=f"Submit a recipe run (or a sweep of them) through submitit. `{prog} tabulate SWEEP_DIR` prints a "
         "sweep's results.",

@@ -12,6 +12,7 @@ import os
 import pty
 import re
 import shlex
+import shutil
 import signal
 import struct
 import subprocess
@@ -658,6 +659,10 @@ def test_resuming_a_finished_run_changes_nothing_and_says_how_to_go_on(tmp_path,
     assert out[-1] == (f"{tmp_path} already finished at 64 env steps (total_frames=64); nothing was changed. To train it "
                        f"further: {shell_command('recipes/probe.py', f'resume={tmp_path}')} total_frames=<more than 64>")
     assert {p: p.stat().st_mtime_ns for p in files} == files
+    branch = tmp_path.with_name(tmp_path.name + "-copy")  # a copy, the documented way to branch a run: named itself
+    shutil.copytree(tmp_path, branch, ignore=shutil.ignore_patterns("run.lock"))
+    assert main("probe", [f"resume={branch}"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(f"{branch} already finished at 64 env steps")
 
 
 def test_a_dead_helper_ends_the_runs_saved_with_one_line_naming_it(capsys):

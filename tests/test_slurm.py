@@ -365,6 +365,9 @@ def test_submit_rejects_user_mistakes_in_one_line(tmp_path):
         ([RECIPE, f"run_dir={tmp_path / 'e'}", "--nodes", "2", "--sweep", "collector.workers=1,2"], "one collector.workers"),
         (["laser_sweep", "agents=3", "--nodes", "2", f"run_dir={tmp_path / 'c'}"], "do not spread evenly"),
         ([RECIPE, "seed=1", "--nodes", "0"], "--nodes must be >= 1"),
+        # argparse's own errors: one line too (before, its usage block first)
+        (["acerr", "seed=1"], "argument recipe: invalid choice: 'acerr'"),
+        ([RECIPE, "seed=1", "--cpus", "two"], "argument --cpus: invalid int value: 'two'"),
     ):
         out = run_submit_without_sbatch(args)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr

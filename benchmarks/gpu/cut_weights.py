@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 
 from acer_torchrl.checkpoint import CheckpointError, cut_weights
+from acer_torchrl.commands import OneLineErrors
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrors(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--max-mb", type=float, default=16.0, help="the most the file may hold (MiB)")
