@@ -199,6 +199,13 @@ class Trainer:
         """The loss's state, the optimiser's (when ``state`` keeps it), with ``estimates`` the agent's stored estimates
         (V-RACER's), and the target networks' copy counters, from ``state``; a one-line :class:`CheckpointError` naming
         ``source`` when they do not fit this configuration (another network, another algorithm)."""
+        mine = self.loss.state_dict()
+        shapes = [(k, list(v.shape), list(mine[k].shape)) for k, v in state["loss"].items()
+                  if k in mine and isinstance(v, torch.Tensor) and v.shape != mine[k].shape]
+        if shapes:  # (tensordict's own error names no tensor: its first line ends in "TensorDict(")
+            name, there, here = shapes[0]
+            raise CheckpointError(f"{source} does not match this configuration: {name} is {there} there, {here} here "
+                                  "(another network or env)")
         try:
             keys = self.loss.load_state_dict(state["loss"], strict=False)
             if keys.missing_keys or keys.unexpected_keys:

@@ -203,6 +203,25 @@ def test_a_config_yaml_edited_by_hand_is_refused_on_resume(tmp_path):
                               "a new run to change them")
 
 
+def test_weights_of_another_shape_are_named_in_the_one_line(tmp_path):
+    """A checkpoint of another network (one from before checkpoints kept their settings, or another env): the line
+    names the first tensor whose shape differs and both shapes (before: the first line of tensordict's error, which
+    ended in "TensorDict(" and named nothing)."""
+    from acer_torchrl.checkpoint import CheckpointError
+
+    small = Trainer(load_config("acer", ["preset=cartpole", f"run_dir={tmp_path / 'small'}", *TINY]))
+    large = Trainer(load_config("acer", ["preset=cartpole", f"run_dir={tmp_path / 'large'}", *TINY,
+                                         "network.hidden=32"]))
+    try:
+        with pytest.raises(CheckpointError) as err:
+            large.load_learner({"loss": small.loss.state_dict()}, "checkpoint in X", estimates=False)
+    finally:
+        small.close()
+        large.close()
+    assert str(err.value).startswith("checkpoint in X does not match this configuration: ")
+    assert "is [16, 4] there, [32, 4] here (another network or env)" in str(err.value)
+
+
 def test_optimiser_settings_changed_on_resume_reach_the_loaded_optimiser(tmp_path):
     """Issue 56 item 1: loading the checkpoint restored the saved eps and weight decay over the new ones."""
     tiny_checkpoint("acer", tmp_path)
