@@ -256,13 +256,16 @@ def cut_weights(run_dir: Path, out: Path, max_bytes: int = WEIGHTS_MAX_BYTES) ->
     """Write ``out``, the weights-only file of ``run_dir``'s latest checkpoint that a new run starts from
     (``init_from=<out>``): the loss's state (its networks, the average / target copies it keeps), the statistics its
     agent fitted beside them (``estimates``: the state standardisation's ``fitted`` flag, V-RACER's reward scale; not
-    its per-step columns, which belong to the replay), the target networks' copy counters, the run's counters (env steps, updates, episodes, clocks; not its RNG, divergence watch or
-    schedules) and the algorithm and env they belong to; the optimiser's state too when the whole fits in
+    its per-step columns, which belong to the replay), the target networks' copy counters, the run's counters (env
+    steps, updates, episodes, clocks; not its RNG, divergence watch or schedules), the algorithm, env and
+    ``network.*`` settings they belong to; the optimiser's state too when the whole fits in
     ``max_bytes`` (ACER's Atari network and its average network are 13.5 MB, Adam's moments as much again: left
     out). No replay. Returns what it kept: ``bytes``, ``optimizer`` (bool), ``env_steps``, ``updates``."""
     import torch
     import yaml
 
+    if out.is_dir():
+        raise CheckpointError(f"{out} is a directory: give the weights file's path (e.g. {out / 'weights.pt'})")
     state, counters = load_checkpoint(run_dir)
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     weights = {
@@ -281,8 +284,6 @@ def cut_weights(run_dir: Path, out: Path, max_bytes: int = WEIGHTS_MAX_BYTES) ->
     if size > max_bytes:
         raise CheckpointError(f"the weights of {run_dir} are {size / 1e6:.1f} MB, more than {max_bytes / 1e6:.1f} MB")
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.is_dir():
-        raise CheckpointError(f"{out} is a directory: give the weights file's path (e.g. {out / 'weights.pt'})")
     tmp = out.with_name(out.name + ".tmp")
     torch.save(weights, tmp)
     try:

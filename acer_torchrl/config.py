@@ -54,7 +54,7 @@ class ReplayConfig:
     # estimated from its neighbours' before; draws weighted by importance weights in every loss term
     prioritized: bool = False
     priority_uniform: float = 0.1  # share epsilon of uniform draws among the prioritized ones
-    priority_block: int = 32  # consecutive steps forming a neighbourhood (lazy priorities; O(log blocks + block) per draw)
+    priority_block: int = 32  # steps forming a neighbourhood (lazy priorities; O(log blocks + block) per draw)
     # draw an update's batch on a thread while the update before it runs (the same draws; not with refresh or
     # prioritized: those draws read what the update before changes)
     prefetch: bool = False
@@ -125,7 +125,7 @@ class Config:
     threads: int = 0
     run_dir: str | None = None  # where the run writes (None: runs/<loss>-<env>-s<seed>-<time>)
     # a run directory to continue from its latest checkpoint; a changed setting is applied from there on if config.py's
-    # APPLIED_ON_RESUME lists it (total_frames, optim.lr, eval.*, log.*, ...), else refused (env, loss, network, seed...)
+    # APPLIED_ON_RESUME lists it (total_frames, optim.lr, eval.*, ...), else refused (env, loss, network, seed...)
     resume: str | None = None
     # a weights file (cut from a run's checkpoint by benchmarks/gpu/cut_weights.py) a new run starts from: its networks,
     # its counters (env steps, updates: the curve continues), the optimiser's state when the file keeps it; the replay
@@ -535,12 +535,18 @@ def run_defining_settings(cfg: Config) -> dict[str, Any]:
     return {k: plain(v) for k, v in flat_settings(cfg).items() if is_run_defining(k)}
 
 
+def differing_settings(now: dict[str, Any], then: dict[str, Any]) -> list[str]:
+    """The keys of ``then`` whose value ``now`` holds otherwise (a key ``now`` lacks, of another version of the
+    package, is not compared)."""
+    return [k for k, v in then.items() if k in now and now[k] != v]
+
+
 def edited_settings(cfg: Config, trained_with: dict[str, Any]) -> ConfigError | None:
     """The one line refusing a resume of ``cfg.resume`` whose run-defining settings (from its ``config.yaml``) differ
     from ``trained_with``, those its checkpoint recorded; None when they agree (keys one side lacks, of another
     version of the package, are not compared)."""
     now = run_defining_settings(cfg)
-    edited = [k for k, v in trained_with.items() if k in now and now[k] != v]
+    edited = differing_settings(now, trained_with)
     if not edited:
         return None
     listed = ", ".join(f"{k}={now[k]} (trained with {trained_with[k]})" for k in edited[:3])

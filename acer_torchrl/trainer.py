@@ -33,7 +33,7 @@ from acer_torchrl.agent import Agent
 from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, load_weights, save_checkpoint
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
 from acer_torchrl.commands import shell_command
-from acer_torchrl.config import (Config, ConfigError, dump_yaml, edited_settings, resume_changes,
+from acer_torchrl.config import (Config, ConfigError, differing_settings, dump_yaml, edited_settings, resume_changes,
                                  run_defining_settings)
 from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config, evaluation_seed
@@ -172,7 +172,8 @@ class Trainer:
             # a target network's copy schedule (TorchRL's HardUpdate counts its steps) survives a restart
             "updater_counters": [int(getattr(u, "counter", 0)) for u in self.agent.updaters],
             **({"estimates": self.agent.estimates.state_dict()} if self.agent.estimates is not None else {}),
-            "settings": run_defining_settings(self.cfg),  # what it was trained with: a hand-edited config.yaml is refused
+            # the run-defining settings it was trained with: a resume from a hand-edited config.yaml is refused
+            "settings": run_defining_settings(self.cfg),
         }
 
     def _resume(self) -> None:
@@ -238,7 +239,7 @@ class Trainer:
             raise CheckpointError(f"init_from={path} holds {weights['algorithm']} weights for {weights['env']}, not "
                                   f"{cfg.loss} on {cfg.env.name}")
         network = dataclasses.asdict(cfg.network)
-        other = [k for k, v in weights.get("network", {}).items() if network.get(k, v) != v]  # (older files: none)
+        other = differing_settings(network, weights.get("network", {}))  # (a file of before 2026-11-29: none)
         if other:
             raise CheckpointError(f"init_from={path} holds weights of a network with "
                                   + ", ".join(f"network.{k}={weights['network'][k]}" for k in other)
@@ -526,7 +527,8 @@ class Trainer:
         if not (self.cfg.resume and self.counters.env_steps >= self.cfg.total_frames and summary is not None):
             return None
         # run_dir: where it is now (a copy, to branch it, holds its original's summary.json)
-        return {**summary, "already_finished": True, "total_frames": self.cfg.total_frames, "run_dir": str(self.run_dir)}
+        return {**summary, "already_finished": True, "total_frames": self.cfg.total_frames,
+                "run_dir": str(self.run_dir)}
 
     def stop_early(self) -> str | None:
         """Stop before ``total_frames`` (a stop signal): the collector shut down, the steps taken since the latest
