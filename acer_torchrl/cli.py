@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from acer_torchrl.checkpoint import CheckpointError
 from acer_torchrl.commands import shell_command
-from acer_torchrl.config import ConfigError, load_config, override_value, unused_settings
+from acer_torchrl.config import ConfigError, load_config, override_value, repeated_settings, unused_settings
 from acer_torchrl.processes import HelperDied, Interrupted, StopSignals
 from acer_torchrl.rundir import refuse_sweep_resume
 
@@ -24,15 +24,15 @@ def run(recipe: str, overrides: list[str], stop_signals: StopSignals | None = No
     """Build the config of ``recipe`` with ``overrides`` and train; returns the run's summary dict. With
     ``stop_signals`` (installed), SIGINT / SIGTERM checkpoint and raise :class:`~acer_torchrl.processes.Interrupted`;
     ``remote`` (a :class:`~acer_torchrl.collectors.RemoteCollection`): collect on other nodes. A key given in
-    ``overrides`` that the run reads nowhere is said in a ``note:`` line on stderr once the run is built (a refused
-    run ends with its one error line only)."""
+    ``overrides`` more than once, or that the run reads nowhere, is said in a ``note:`` line on stderr once the run is
+    built (a refused run ends with its one error line only)."""
     from acer_torchrl.processes import RunGuard
     from acer_torchrl.trainer import Trainer
 
     refuse_sweep_resume(override_value(overrides, "resume"))
     cfg = load_config(recipe, overrides)
     trainer = Trainer(cfg, remote)
-    for note in unused_settings(cfg, overrides):
+    for note in [*repeated_settings(overrides), *unused_settings(cfg, overrides)]:
         print(note, file=sys.stderr)
     return RunGuard(stop_signals).train(trainer)
 

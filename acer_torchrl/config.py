@@ -399,6 +399,8 @@ def without_keys(overrides: list[str], *keys: str) -> list[str]:
 
 
 def parse_overrides(overrides: list[str]) -> list[tuple[str, str]]:
+    """The ``(key, value)`` pairs of ``key=value`` items, in order (a key given twice: the last one counts,
+    as a script appending to a base command line expects; :func:`repeated_settings` says so)."""
     pairs = []
     for item in overrides:
         if "=" not in item or item.startswith("="):
@@ -406,6 +408,16 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, str]]:
         key, value = item.split("=", 1)
         pairs.append((key.strip(), value.strip()))
     return pairs
+
+
+def repeated_settings(overrides: list[str]) -> list[str]:
+    """A note for each key given more than once in ``overrides`` (the command line), naming the value that counts:
+    a second ``optim.lr=`` typed by mistake is said, not taken silently."""
+    values: dict[str, list[str]] = {}
+    for key, value in parse_overrides(overrides):
+        values.setdefault(key, []).append(value)
+    return [f"note: {key} is given {len(given)} times ({', '.join(given)}); the last, {key}={given[-1]}, counts"
+            for key, given in values.items() if len(given) > 1]
 
 
 def algorithm_names() -> tuple[str, ...]:

@@ -260,6 +260,10 @@ class TruncatedGaussian(D.Independent):
         return self.base_dist.loc
 
 
+class NonFinitePolicy(ArithmeticError):
+    """The acting policy's action probabilities are not finite (its logits overflowed: the weights diverged)."""
+
+
 class BehaviourSampler(nn.Module):
     """The acting policy's last step: the action drawn from the behaviour statistics and its log-probability.
 
@@ -287,7 +291,10 @@ class BehaviourSampler(nn.Module):
                 action = log_p.argmax(-1)
             else:
                 flat = log_p.exp().reshape(-1, log_p.shape[-1])
-                action = torch.multinomial(flat, 1, True).reshape(log_p.shape[:-1])
+                try:
+                    action = torch.multinomial(flat, 1, True).reshape(log_p.shape[:-1])
+                except RuntimeError as err:  # checked by multinomial at no cost to a finite policy
+                    raise NonFinitePolicy(f"the acting policy's action probabilities are not finite ({err})") from None
             return action, log_p.gather(-1, action.unsqueeze(-1)).squeeze(-1)
         loc, scale = stats
         if self.truncation is not None:

@@ -146,8 +146,8 @@ def prepare_run_dir(path: Path, *, resume: bool, overwrite: bool) -> tuple[Path,
     make_writable_dir(path, key)
     lock = lock_run_dir(path, key)
     try:
-        if not resume and holds_run(path):
-            delete_old_run(path)
+        if not resume:  # the run overwritten, or what a run killed before its first checkpoint left (its event files
+            delete_old_run(path)  # would run on into this run's TensorBoard / W&B logs)
     except BaseException:
         lock.close()
         raise
@@ -155,7 +155,7 @@ def prepare_run_dir(path: Path, *, resume: bool, overwrite: bool) -> tuple[Path,
 
 
 def delete_old_run(path: Path) -> None:
-    """``overwrite=true``: delete the files of the run ``path`` holds (only those, the lock file left)."""
+    """Delete the files of the run ``path`` holds or of one that left no checkpoint (only those, the lock file left)."""
     try:
         for name in RUN_FILES:
             target = path / name
@@ -164,7 +164,7 @@ def delete_old_run(path: Path) -> None:
             elif target.exists() or target.is_symlink():
                 target.unlink()
     except OSError as err:
-        raise ConfigError(f"overwrite=true: cannot delete {err.filename or path} ({err.strerror})") from None
+        raise ConfigError(f"run_dir={path}: cannot delete the old run's {err.filename or path} ({err.strerror})") from None
 
 
 def refuse_sweep_resume(resume: str | None) -> None:

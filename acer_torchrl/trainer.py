@@ -43,7 +43,8 @@ from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, m
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.objectives.names import BEHAVIOUR, PRIORITY_KEY, PRIORITY_WEIGHT_KEY
 from acer_torchrl.optim import DirectStep, make_optimiser, optimiser_name, optimiser_settings
-from acer_torchrl.processes import RunGuard, StopSignals
+from acer_torchrl.modules import NonFinitePolicy
+from acer_torchrl.processes import HelperDied, RunGuard, StopSignals
 from acer_torchrl.priority_tree import SequencePriorities
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay, unprioritized
 from acer_torchrl.rundir import default_run_dir, prepare_run_dir
@@ -556,7 +557,35 @@ class Trainer:
         self.evaluator = self.make_evaluator()
         self._collector = self.make_collector(remaining) if remaining > 0 else None
         self._start_clock()
-        return iter(self._collector) if self._collector is not None else iter(())
+        self._last_batch = None
+        return self._collected(iter(self._collector)) if self._collector is not None else iter(())
+
+    def _collected(self, batches: Iterator[TensorDictBase]) -> Iterator[TensorDictBase]:
+        """The collector's batches, kept in hand; a policy that cannot act because its outputs are not finite (the
+        weights overflowed, e.g. at a huge ``optim.lr``) ends the run with one line (:class:`TrainingError`), not
+        with a sampler's traceback in this process or a worker's death (the worker's traceback, then
+        :class:`~acer_torchrl.processes.HelperDied` proposing a resume that would fail the same way)."""
+        try:
+            for self._last_batch in batches:
+                yield self._last_batch
+        except (NonFinitePolicy, HelperDied) as err:
+            if isinstance(err, HelperDied) and self._acts_finitely():
+                raise
+            raise TrainingError(f"the acting policy's outputs are not finite after update {self.counters.updates} "
+                                "(the network diverged); lower optim.lr and start a new run") from None
+
+    @torch.no_grad()
+    def _acts_finitely(self) -> bool:
+        """Whether the acting policy's outputs on the last collected batch's first steps are finite (True with no
+        batch in hand: nothing to tell)."""
+        if self._last_batch is None:
+            return True
+        steps = self._last_batch.reshape(-1)[:4].select(*self.acting.in_keys, strict=False).clone()
+        try:
+            out = self.acting(steps)
+        except NonFinitePolicy:
+            return False
+        return all(bool(torch.isfinite(v).all()) for v in out.values(True, True) if v.is_floating_point())
 
     def stop_collecting(self, timeout_s: float | None = None) -> None:
         """Stop the clock and shut the collector down (the evaluator stays open for :meth:`finish`); its

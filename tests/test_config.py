@@ -47,6 +47,16 @@ def test_bad_values_raise_one_clear_line(override, fragment):
     assert fragment in message and "\n" not in message
 
 
+def test_a_key_given_twice_counts_once_the_last_and_is_said():
+    from acer_torchrl.config import repeated_settings
+
+    overrides = ["optim.lr=1e-3", "seed=1", "optim.lr = 1e-4", "optim.lr=2e-4"]
+    assert load_config("acer", overrides).optim.lr == 2e-4
+    assert repeated_settings(overrides) == ["note: optim.lr is given 3 times (1e-3, 1e-4, 2e-4); the last, "
+                                            "optim.lr=2e-4, counts"]
+    assert repeated_settings(["optim.lr=1e-3", "seed=1"]) == []
+
+
 def test_learner_threads_leave_the_collector_workers_their_cores(monkeypatch):
     from acer_torchrl.trainer import learner_threads
 

@@ -268,7 +268,7 @@ def test_settings_a_loss_cannot_use_are_refused(tmp_path, capsys, algo, override
     assert not (tmp_path / "run" / "config.yaml").exists()
 
 
-# (algorithm, overrides, the note): keys given that the run reads nowhere, said once at start
+# (algorithm, overrides, the note): keys given that the run reads nowhere (or given twice), said once at start
 UNUSED = [
     ("laser", ["network.lstm_hidden=8"], "note: network.lstm_hidden=8 has no effect with network.lstm=false"),
     ("acer", ["replay.recurrent_state=zero"], "note: replay.recurrent_state=zero has no effect with network.lstm=false"),
@@ -284,6 +284,8 @@ UNUSED = [
     ("acer", ["acer.replay_ratio=0", "replay.batch_size=8"], "note: replay.batch_size=8 has no effect with acer.replay_ratio=0"),
     ("laser", ["laser.online_share=1", "replay.min_size=10"], "note: replay.min_size=10 has no effect with laser.online_share=1"),
     ("acer", ["optim.alpha=0.9"], "note: optim.alpha=0.9 has no effect with optim.name=adam"),
+    # and a key given twice
+    ("acer", ["optim.lr=1e-3", "optim.lr=1e-4"], "note: optim.lr is given 2 times (1e-3, 1e-4); the last, optim.lr=1e-4, counts"),
 ]
 
 

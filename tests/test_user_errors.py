@@ -484,3 +484,40 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
     base = "acer-CartPole-v1-s3-20261127-052600"
     assert sorted(str(path) for path in made) == sorted([f"runs/{base}", *(f"runs/{base}-{n}" for n in range(2, 7))])
     assert default_run_dir(cfg, sweep=True) == Path("runs/acer-sweep-CartPole-v1-s3-20261127-052600")
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.integration)])
+def test_a_policy_whose_outputs_overflow_ends_the_run_with_one_line(tmp_path, workers):
+    """At ``optim.lr=1e30`` the first step leaves finite weights whose logits overflow: the sampler of the acting
+    policy (in this process, or in a worker, which dies of it) cannot draw. The run ends with one line saying why,
+    not with a traceback or a worker's death and a resume that would fail the same way."""
+    from acer_torchrl.config import without_keys
+
+    args = [*without_keys(TINY, "collector.workers", "total_frames"), f"collector.workers={workers}", "total_frames=640",
+            "optim.lr=1e30", f"run_dir={tmp_path / 'run'}"]
+    proc = recipe(args, tmp_path)
+    line = ("error: the acting policy's outputs are not finite after update 1 (the network diverged); lower optim.lr "
+            "and start a new run")
+    if workers:  # the worker's own traceback comes first (TorchRL prints it), then the learner's line: this one, or
+        # the next update's non-finite loss where the learner takes it before it sees the worker gone
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2 and (last == line or last.startswith("error: non-finite loss at update 1")), proc.stderr
+    else:
+        assert error_line(proc) == line
+
+
+def test_a_new_run_in_a_directory_left_without_a_checkpoint_starts_clean(tmp_path):
+    """A run killed before its first checkpoint leaves files but nothing to resume: a new run there (what
+    benchmarks/learning.py does with such a seed) removes them, so that its TensorBoard / W&B event files and
+    metrics are its own; the user's own files stay."""
+    from acer_torchrl.rundir import prepare_run_dir
+
+    run = tmp_path / "run"
+    (run / "tensorboard").mkdir(parents=True)
+    (run / "tensorboard" / "events.out.tfevents.1").write_text("the killed run's")
+    (run / "metrics.csv").write_text("env_steps\n64\n")
+    (run / "config.yaml").write_text("seed: 0\n")
+    (run / "notes.txt").write_text("the user's own file")
+    _, lock = prepare_run_dir(run, resume=False, overwrite=False)
+    lock.close()
+    assert sorted(p.name for p in run.iterdir()) == sorted([LOCK_FILE, "notes.txt"])

@@ -420,7 +420,7 @@ def run_sweep_processes(sweep: SweepConfig, overrides: list[str]) -> dict:
 
     sweep_dir, _ = agent_configs(sweep, overrides)  # configuration errors surface here, before any process starts
     if not override_value(overrides, "resume"):
-        overrides = [*overrides, f"run_dir={sweep_dir}"]  # one sweep directory for every rank
+        overrides = [*without_keys(overrides, "run_dir"), f"run_dir={sweep_dir}"]  # one sweep directory for every rank
     port = rendezvous_port(sweep)
     # the ranks' C++ warnings (TensorPipe's, of the connections a stopping rank closes) off unless asked for
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
