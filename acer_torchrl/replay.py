@@ -713,6 +713,7 @@ class OnlineWindows:
     def __init__(self, seq_len: int, keep_batches: int = 4):
         self.seq_len = seq_len
         self.batches: deque[TensorDictBase] = deque(maxlen=keep_batches)
+        self._freshest_first: deque[torch.Tensor] = deque(maxlen=keep_batches)  # each batch's windows, latest first
 
     def push(self, batch: TensorDictBase) -> None:
         rows = as_rows(batch)
@@ -722,22 +723,26 @@ class OnlineWindows:
         if pad:
             rows = torch.cat([rows, rows[:, -1:].expand(n, pad).clone()], dim=1)
             mask[:, T:] = False
-        rows = rows.reshape(n * (T + pad) // self.seq_len, self.seq_len)
+        per_row = (T + pad) // self.seq_len
+        rows = rows.reshape(n * per_row, self.seq_len)
         rows.set(MASK_KEY, mask.reshape(rows.shape))
         self.batches.appendleft(rows)
+        # window (row i, k-th of its row) is i * per_row + k: the rows' last windows first, then the ones before
+        latest_first = torch.arange(per_row - 1, -1, -1).unsqueeze(1) + per_row * torch.arange(n)
+        self._freshest_first.appendleft(latest_first.reshape(-1))
 
     @property
     def latest(self) -> TensorDictBase:
         return self.batches[0]
 
     def take(self, n: int) -> TensorDictBase:
-        """``n`` windows (fewer if fewer were collected) from the newest batches: the newest batch's first (in its
-        row-major order: env 0's, in time order), then the batch before it; a whole number of batches, as the presets
-        ask, takes exactly the freshest."""
+        """The ``n`` freshest windows (fewer if fewer were collected): whole batches from the newest on, each in its
+        row-major order (env 0's windows in time order first), then of the batch that fills only in part the latest
+        windows of its rows (every env's last, then every env's one before, ...)."""
         windows, have = [], 0
-        for batch in self.batches:
+        for batch, latest_first in zip(self.batches, self._freshest_first):
             if have >= n:
                 break
-            windows.append(batch[: n - have])
+            windows.append(batch if n - have >= batch.shape[0] else batch[latest_first[: n - have]])
             have += windows[-1].shape[0]
         return torch.cat(windows, 0)

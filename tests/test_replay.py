@@ -432,6 +432,10 @@ def test_online_windows_cut_rows_and_take_freshest():
     assert taken["observation"][4, 0, 0] == 1
     first = online.batches[1]  # 10 steps -> 3 windows, the last with 2 padding steps
     assert first.shape == (3, 4) and first["mask"].sum() == 10 and not first["mask"][2, 2:].any()
+    assert taken["observation"][4, :, 1].tolist() == [8, 9, 9, 9], "of a batch taken in part, its latest window"
+    online.push(make_rows([[(4, 0, 16, False)], [(5, 0, 16, False)]]))  # 2 envs x 4 windows
+    assert [w[0].tolist() for w in online.take(3)["observation"][:, :, :2]] == [[4, 12], [5, 12], [4, 8]]
+    assert online.take(8)["observation"][:, 0, :2].tolist() == [[4, s] for s in (0, 4, 8, 12)] + [[5, s] for s in (0, 4, 8, 12)]
 
 
 def stacked(batch, k):
