@@ -1,6 +1,6 @@
 """Learner speed against its compute floor, per preset, in one run (issue 19); and where the learner's time goes.
 
-    python benchmarks/learner.py [--only acer:cartpole vracer:mujoco ...] [--frames N] [--out results/learner.json]
+    python benchmarks/learner.py [--only acer:cartpole vracer:mujoco ...] [--frames N] [--rounds 3] [--out FILE]
     python benchmarks/learner.py update <algo> <preset> [--updates 300] [--store] [--wrap] [--profile] [key=value ...]
     python benchmarks/learner.py devices <algo> <preset> [--devices cuda cpu] [--updates 200] [--out rows.json] ...
     python benchmarks/learner.py phase <run dir> [more run dirs] [--from 25000]
@@ -225,17 +225,25 @@ def floor_comparison(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=list(PRESETS), default=list(PRESETS), metavar="ALGO:PRESET")
     parser.add_argument("--frames", type=int, default=None, help="env steps of every end-to-end run")
-    parser.add_argument("--floor-updates", type=int, default=200, help="bare gradient steps timed per preset")
+    parser.add_argument("--floor-updates", type=int, default=1000, help="bare gradient steps timed per preset (a few "
+                        "seconds: a fraction of a second is at the mercy of a shared machine's moment)")
     parser.add_argument("--env-seconds", type=float, default=5.0, help="seconds of the plain gymnasium loop")
     parser.add_argument("--acting-frames", type=int, default=10_000, help="env steps of the acting-alone run")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every preset this many times over (each round its run, then its floor): on a "
+                             "machine whose speed drifts, the median of the rounds' ratios is the figure")
     parser.add_argument("--out", type=Path, default=RESULTS / "learner.json")
     args = parser.parse_args(argv)
-    rows = [measure(name, args.frames, args.floor_updates, args.env_seconds, args.acting_frames) for name in args.only]
+    rows = [measure(name, args.frames, args.floor_updates, args.env_seconds, args.acting_frames)
+            for _ in range(args.rounds) for name in args.only]
+    medians = {name: statistics.median(r["ratio"] for r in rows if r["preset"] == name) for name in args.only}
     machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    record = {"date": datetime.date.today().isoformat(), "machine": machine, "command": " ".join(sys.argv), "rows": rows}
+    record = {"date": datetime.date.today().isoformat(), "machine": machine, "command": " ".join(sys.argv),
+              "rows": rows, "median_ratio": medians}
     args.out.write_text(json.dumps(record, indent=2))
     print(f"\n{machine}, {record['date']}: `python {' '.join(sys.argv)}`\n")
     print(markdown(rows))
+    print("\nmedian ratio over the rounds: " + ", ".join(f"{name} {ratio:.2f}" for name, ratio in medians.items()))
 
 
 def restored(recorded: list[TensorDictBase]) -> Iterator[TensorDictBase]:
