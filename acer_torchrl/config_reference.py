@@ -119,7 +119,8 @@ def render() -> str:
         "its value under the algorithm's default preset. *accepted* is the range declared with `@allowed(...)` "
         "(`acer_torchrl/validation.py`); a value outside it stops the run before any work. Checks across keys "
         "(e.g. `replay.min_size <= replay.capacity`) live in each dataclass's `validate` method. `none` sets an "
-        "optional key to None. The LASER sweep's own keys (`recipes/laser_sweep.py`: `agents=`, `mode=`, "
+        "optional key to None. A key given twice counts once, the last value, and the run says so in a `note:` "
+        "line. The LASER sweep's own keys (`recipes/laser_sweep.py`: `agents=`, `mode=`, "
         "`sweep.*`) are described in `acer_torchrl.shared_replay.SweepConfig` and not listed here (that module "
         "imports torch); every other key of a sweep configures its agents as below.",
         "",
