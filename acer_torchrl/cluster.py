@@ -23,6 +23,7 @@ torch nor the trainer at import time, so ``slurm/submit.py`` stays quick.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import submitit
@@ -57,6 +58,8 @@ class RecipeJob(submitit.helpers.Checkpointable):
         from acer_torchrl import cli
         from acer_torchrl.collectors import RemoteCollection, serve_remote_collection
 
+        warnings.filterwarnings("ignore", category=DeprecationWarning)  # as a recipe on the command line
+        cli.quiet_libraries()  # (its log: TorchRL's INFO lines off)
         required_run_dir(overrides)
         remote = None
         if int(os.environ.get("SLURM_NTASKS", "1")) > 1:

@@ -219,14 +219,16 @@ class RunGuard:
 
     @contextlib.contextmanager
     def holding_requeue(self):
-        """Under SLURM, submitit's preemption / time-out signal (SIGUSR2) runs a handler that requeues the job
+        """In a submitit job (SLURM's, or ``submit.py --local``'s, whose controller sends it 30 s before the time
+        limit), submitit's preemption / time-out signal (SIGUSR2) runs a handler that requeues the job
         and exits (``SystemExit``) from whatever code the signal interrupted. Inside a loss's forward that met
         tensordict's ``to_module`` context, whose exit raised an error of its own over the ``SystemExit``: the
         job ended as failed (``tests/test_slurm.py``, now and then). So the signal is held here (in
         :attr:`held_requeue`) and :meth:`train` calls the handler after the batch in hand, with a checkpoint first."""
         handler = signal.getsignal(signal.SIGUSR2)
         in_main_thread = threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
-        if "SLURM_JOB_ID" not in os.environ or not callable(handler) or not in_main_thread:
+        in_job = any(name in os.environ for name in ("SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID"))
+        if not in_job or not callable(handler) or not in_main_thread:
             yield
             return
 

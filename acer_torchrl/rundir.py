@@ -24,6 +24,7 @@ import os
 import shutil
 import socket
 import itertools
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -167,6 +168,18 @@ def delete_old_run(path: Path) -> None:
         raise ConfigError(f"run_dir={path}: cannot delete the old run's {err.filename or path} ({err.strerror})") from None
 
 
+def shared_replay_sweep(path: Path) -> bool:
+    """Whether ``path`` is a shared-replay sweep's directory (its :data:`SWEEP_FILE`). ``slurm/submit.py``'s sweeps of
+    runs of their own (``points.json``) once wrote a ``sweep.json`` too, listing their ``"runs"``: not one. An
+    unreadable file counts as the sweep's (refused, as a resume of one of its agents alone must be)."""
+    try:
+        return "runs" not in json.loads((path / SWEEP_FILE).read_text())
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return False
+    except (OSError, ValueError, TypeError):
+        return True
+
+
 def refuse_sweep_resume(resume: str | None) -> None:
     """A one-line :class:`ConfigError` when a single run's ``resume=`` names a sweep directory or one of its agents:
     resumed alone, an agent would go on without the sweep's shared replay (held by agent 0's checkpoint)."""
@@ -176,6 +189,6 @@ def refuse_sweep_resume(resume: str | None) -> None:
     path = Path(resume)
     for sweep_dir, what in ((path, "a shared-replay sweep"),
                             (path.parent, f"an agent of the shared-replay sweep {path.parent}")):
-        if (sweep_dir / SWEEP_FILE).is_file():
+        if shared_replay_sweep(sweep_dir):
             raise ConfigError(f"resume={resume} is {what}, not a run of its own; resume the sweep with: "
                               f"{shell_command('recipes/laser_sweep.py', f'resume={sweep_dir}')}")

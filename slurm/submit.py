@@ -31,6 +31,7 @@ import io
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -49,6 +50,7 @@ from acer_torchrl.rundir import check_dir_name, default_run_dir, lock_run_dir, m
 from acer_torchrl.settings import REGISTRY
 
 TABLE_KEYS = ("env_steps", "eval_return_mean", "wall_time_s")
+POINTS_FILE = "points.json"  # a --sweep's points and their run directories, in the sweep directory (``tabulate``)
 SHARED_REPLAY_SWEEP = "laser_sweep"
 SHARED_REPLAY_SWEEP_KEYS = ("env_steps_total", "best_eval_return_mean", "best_agent", "wall_time_s")
 
@@ -176,20 +178,38 @@ def make_run_dirs(runs: list[dict]) -> None:
 
 def make_executor(args: argparse.Namespace, folder: Path) -> submitit.AutoExecutor:
     if args.local:
-        executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local")
+        executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local", local_max_num_timeout=args.max_timeouts)
     else:
         executor = submitit.AutoExecutor(folder=folder / "%j", cluster="slurm", slurm_max_num_timeout=args.max_timeouts)
     params = {"name": args.recipe, "timeout_min": args.time, "cpus_per_task": args.cpus, "nodes": 1, "tasks_per_node": 1}
-    if args.gpus:
-        params["gpus_per_node"] = args.gpus
+    gpus, indices = (args.gpus, None) if not args.local or args.gpus is not None else local_gpus()
+    if gpus:  # (submitit's local jobs see CUDA_VISIBLE_DEVICES="" unless given GPUs)
+        params["gpus_per_node"] = gpus
     if args.partition:
         params["slurm_partition"] = args.partition
     executor.update_parameters(**params)
+    if indices and indices != tuple(range(len(indices))):  # the GPUs CUDA_VISIBLE_DEVICES gave this process, not 0..
+        executor._executor.update_parameters(visible_gpus=indices)  # (AutoExecutor passes on only local_setup)
     return executor
 
 
+def local_gpus() -> tuple[int, tuple[int, ...]]:
+    """The GPUs this process sees, by index (its ``CUDA_VISIBLE_DEVICES`` when that lists indices): what a
+    ``--local`` job sees too, as a recipe run here would."""
+    import torch
+
+    count = torch.cuda.device_count()
+    listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    indices = tuple(int(d) for d in listed) if listed and all(d.isdigit() for d in listed) else tuple(range(count))
+    return count, indices[:count]
+
+
 def error_line(err: Exception) -> str:
-    """The exception line of a job's error (submitit puts the job's traceback between dashed rules)."""
+    """The exception line of a job's error (submitit puts the job's traceback between dashed rules); for a job that
+    ended without a result (killed: out of memory, ``scancel``, a node failure), its state."""
+    ended = re.search(r"has not produced any output \(state: ([^)]*)\)", str(err))
+    if ended:
+        return f"ended without a result (state: {ended.group(1)})"
     parts = str(err).split("-" * 22)
     lines = [line.strip() for line in (parts[1] if len(parts) > 2 else str(err)).splitlines() if line.strip()]
     return lines[-1] if lines else type(err).__name__
@@ -214,16 +234,30 @@ def wait_and_report(jobs: list, runs: list[dict]) -> int:
     return 1 if failed else 0
 
 
+def indexed_points(sweep_dir: Path) -> list[Path] | None:
+    """The run directories :data:`POINTS_FILE` lists (in ``sweep.json`` before it had that name); None when there is
+    none; a one-line :class:`SubmitError` when it cannot be read."""
+    for name in (POINTS_FILE, "sweep.json"):
+        index = sweep_dir / name
+        if not index.is_file():
+            continue
+        try:
+            return [Path(run["run_dir"]) for run in json.loads(index.read_text())["runs"]]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            if name == "sweep.json":  # a shared-replay sweep's (recipes/laser_sweep.py): its agents' summaries
+                return None
+            raise SubmitError(f"{index}: not a readable list of the sweep's runs ({type(err).__name__}: {err})") from None
+    return None
+
+
 def tabulate(sweep_dir: Path) -> str:
     """A text table of the sweep's points and their ``summary.json`` figures (``-`` where not finished or unreadable:
     a resume of that point writes it again)."""
-    index = sweep_dir / "sweep.json"
-    if index.is_file():
-        run_dirs = [Path(r["run_dir"]) for r in json.loads(index.read_text())["runs"]]
-    else:
+    run_dirs = indexed_points(sweep_dir)
+    if run_dirs is None:
         run_dirs = sorted(p.parent for p in sweep_dir.glob("*/summary.json"))
     if not run_dirs:
-        raise SubmitError(f"{sweep_dir}: no sweep.json and no */summary.json (not a sweep directory?)")
+        raise SubmitError(f"{sweep_dir}: no {POINTS_FILE} and no */summary.json (not a sweep directory?)")
     rows = [("point", *TABLE_KEYS)]
     for run_dir in run_dirs:
         path = run_dir / "summary.json"
@@ -257,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--partition", help="SLURM partition (default: the cluster's default)")
     parser.add_argument("--time", type=int, default=240, help="time limit per job in minutes (default 240)")
     parser.add_argument("--cpus", type=int, default=1, help="CPUs per job (default 1)")
-    parser.add_argument("--gpus", type=int, default=0, help="GPUs per job (default 0)")
+    parser.add_argument("--gpus", type=int, default=None,
+                        help="GPUs per job (default 0; with --local, every GPU this machine shows)")
     parser.add_argument("--nodes", type=int, default=1,
                         help="nodes of a job: a run collects on all of them (collector.workers + 1 tasks a node), "
                              "a laser_sweep spreads its agents evenly over them (default 1)")
@@ -290,7 +325,7 @@ def checked_main(argv: list[str]) -> int:
             print(tabulate(Path(argv[1])))
             return 0
         args = build_parser().parse_intermixed_args(argv)
-        if args.time < 1 or args.cpus < 1 or args.nodes < 1 or args.gpus < 0 or args.max_timeouts < 0:
+        if args.time < 1 or args.cpus < 1 or args.nodes < 1 or (args.gpus or 0) < 0 or args.max_timeouts < 0:
             raise SubmitError("--time, --cpus and --nodes must be >= 1, --gpus and --max-timeouts >= 0")
         return submit(args)
     except (SubmitError, ConfigError) as err:
@@ -344,7 +379,7 @@ def submit(args: argparse.Namespace) -> int:
         run["job_id"] = job.job_id
         print(f"job {job.job_id}  run_dir {run['run_dir']}  log {job.paths.stdout}")
     if args.sweep:
-        (top_dir / "sweep.json").write_text(json.dumps({"recipe": args.recipe, "sweep": args.sweep, "runs": runs}, indent=2))
+        (top_dir / POINTS_FILE).write_text(json.dumps({"recipe": args.recipe, "sweep": args.sweep, "runs": runs}, indent=2))
         print(f"sweep dir {top_dir}  (table: {shell_command('slurm/submit.py', 'tabulate', str(top_dir))})")
     if not (args.wait or args.local):
         return 0
@@ -424,6 +459,7 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
     """A LASER sweep sharing one replay: one job whose ``agents`` tasks run one agent each
     (:class:`acer_torchrl.shared_replay.SweepTask`, requeued and resumed like a recipe run)."""
     from acer_torchrl.shared_replay import SweepTask, parse_sweep_args
+    from acer_torchrl.shared_replay.sweep import agent_configs
 
     if args.sweep or args.local:
         raise SubmitError(
@@ -442,8 +478,11 @@ def submit_shared_replay_sweep(args: argparse.Namespace) -> int:
         check_dir_name(given_dir, "run_dir")
     sweep_dir = Path(given_dir).resolve() if given_dir else default_run_dir(agent_cfg, sweep=True).resolve()
     make_writable_dir(sweep_dir, "run_dir")
-    argv = without_keys(args.overrides, "run_dir", "resume")
-    argv.append(f"resume={sweep_dir}" if override_value(args.overrides, "resume") else f"run_dir={sweep_dir}")
+    where = f"resume={sweep_dir}" if override_value(args.overrides, "resume") else f"run_dir={sweep_dir}"
+    argv = [*without_keys(args.overrides, "run_dir", "resume"), where]
+    # the agents' run dirs, checked as the sweep checks them at its start
+    for cfg in agent_configs(sweep, [*without_keys(agent_overrides, "run_dir", "resume"), where])[1]:
+        refuse_an_old_run(Path(cfg.run_dir), resume=bool(cfg.resume), overwrite=cfg.overwrite)
     warn_short_time(args)
     executor = make_executor(args, (args.logs or sweep_dir / "submitit").resolve())
     # the ranks run across the nodes (rank 0, on the first node, serves the replay); each agent finds rank 0

@@ -467,13 +467,16 @@ def test_recipe_reports_bad_env_as_one_line(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and "unknown env.name 'Nope-v0'" in proc.stderr
 
 
-def test_slurm_preemption_signal_waits_for_the_batch_in_hand(monkeypatch):
-    """Under SLURM, submitit's SIGUSR2 handler requeues and exits from wherever it lands (inside a loss's
-    forward it met tensordict's context managers and the job failed): the run's guard holds it until the loop
-    calls it after the batch in hand, then puts submitit's handler back."""
+@pytest.mark.parametrize("job", ["SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID"], ids=["slurm", "submit.py --local"])
+def test_slurm_preemption_signal_waits_for_the_batch_in_hand(monkeypatch, job):
+    """In a submitit job (SLURM's, or a local one, which gets the signal 30 s before its time limit), submitit's SIGUSR2
+    handler requeues and exits from wherever it lands (inside a loss's forward it met tensordict's context
+    managers and the job failed): the run's guard holds it until the loop calls it after the batch in hand, then
+    puts submitit's handler back."""
     from acer_torchrl.processes import RunGuard
 
-    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv(job, "1")
     calls = []
 
     def submitit_handler(signum, _frame):

@@ -450,7 +450,8 @@ def test_submit_without_slurm_says_so_in_one_line_after_checking_the_arguments(t
     assert not (tmp_path / "run").exists()
 
 
-def test_tabulate_lists_points_with_and_without_summary(tmp_path):
+@pytest.mark.parametrize("index", ["points.json", "sweep.json"], ids=["points.json", "sweep.json of older versions"])
+def test_tabulate_lists_points_with_and_without_summary(tmp_path, index):
     submit = load_submit()
     runs = []
     finished = {"env_steps": 100, "eval_return_mean": 9.5, "wall_time_s": 3.25, "run_dir": "."}
@@ -459,9 +460,34 @@ def test_tabulate_lists_points_with_and_without_summary(tmp_path):
         if summary:
             (tmp_path / name / "summary.json").write_text(summary)
         runs.append({"run_dir": str(tmp_path / name)})
-    (tmp_path / "sweep.json").write_text(json.dumps({"runs": runs}))
+    (tmp_path / index).write_text(json.dumps({"runs": runs}))
     rows = [row.split() for row in submit.tabulate(tmp_path).splitlines()]
     assert rows[1:] == [["seed=0", "100", "9.50", "3.25"], ["seed=1", "-", "-", "-"], ["seed=2", "-", "-", "-"]]
+    (tmp_path / index).write_text('{"runs": [')  # damaged
+    if index == "points.json":
+        with pytest.raises(submit.SubmitError, match=r"points.json: not a readable list of the sweep's runs"):
+            submit.tabulate(tmp_path)
+
+
+def test_a_point_of_a_submitted_sweep_resumes_an_agent_of_a_shared_replay_sweep_is_refused(tmp_path):
+    """A requeued point of ``submit.py --sweep`` resumes with ``resume=<sweep dir>/<point>`` (the sweep's index,
+    ``points.json``, or the ``sweep.json`` that older versions wrote, lists its runs); an agent of a shared-replay
+    sweep resumed alone is refused, its sweep named."""
+    from acer_torchrl.config import ConfigError
+    from acer_torchrl.rundir import refuse_sweep_resume
+    from acer_torchrl.shared_replay import SweepConfig
+    from acer_torchrl.shared_replay.sweep import record_sweep_start
+
+    for index in ("points.json", "sweep.json"):
+        submitted = tmp_path / index.replace(".", "-")
+        (submitted / "seed=0").mkdir(parents=True)
+        (submitted / index).write_text(json.dumps({"recipe": "acer", "runs": [{"run_dir": str(submitted / "seed=0")}]}))
+        refuse_sweep_resume(str(submitted / "seed=0"))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    record_sweep_start(SweepConfig(agents=2), shared, ["agents=2", f"run_dir={shared}"])
+    with pytest.raises(ConfigError, match=r"is an agent of the shared-replay sweep .*laser_sweep.py resume="):
+        refuse_sweep_resume(str(shared / "agent1"))
 
 
 def test_sweep_job_resumes_only_once_every_agent_has_a_checkpoint(tmp_path):
@@ -493,3 +519,43 @@ def test_shared_replay_sweep_submission_errors(argv, message, capsys, monkeypatc
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)  # the checks come before any submission
     assert load_submit().main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_shared_replay_sweep_submission_refuses_a_directory_holding_finished_agents(tmp_path, capsys, monkeypatch):
+    """As ``recipes/laser_sweep.py`` refuses it at its start: before any submission, not once the job left the
+    queue."""
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
+    for i in range(2):
+        (tmp_path / f"agent{i}").mkdir()
+        (tmp_path / f"agent{i}" / "summary.json").write_text("{}")
+    assert load_submit().main(["laser_sweep", "agents=2", "preset=cartpole", f"run_dir={tmp_path}"]) == 2
+    assert f"run_dir={tmp_path / 'agent0'} already holds a run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("listed, visible", [(None, None), ("2,3", (2, 3))])
+def test_a_local_job_sees_the_gpus_this_machine_shows_unless_gpus_is_given(tmp_path, monkeypatch, listed, visible):
+    """submitit's local jobs get ``CUDA_VISIBLE_DEVICES`` from their GPU count alone (none: ``""``, so that
+    ``device=auto`` trained on the CPU); ``--local`` gives them the GPUs this process sees, as a recipe run here."""
+    import argparse
+
+    submit = load_submit()
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    if listed is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+    args = argparse.Namespace(local=True, max_timeouts=3, recipe="acer", time=5, cpus=1, gpus=None, partition=None)
+    parameters = submit.make_executor(args, tmp_path)._executor.parameters
+    assert parameters["gpus_per_node"] == 2 and parameters.get("visible_gpus") == visible
+    args.gpus = 0
+    assert "gpus_per_node" not in submit.make_executor(args, tmp_path)._executor.parameters
+
+
+def test_a_job_that_ended_without_a_result_is_reported_by_its_state():
+    """submitit's error for a job killed from outside (out of memory, ``scancel``) holds its state, then its log:
+    the one line gives the state, not the log's last line."""
+    from submitit.core.utils import UncompletedJobError
+
+    err = UncompletedJobError("Job 42 (task: 0) with path /x/42_0_result.pkl\nhas not produced any output (state: "
+                              "OUT_OF_MEMORY)\nError stream produced:\n" + "-" * 40 + "\nwarnings.warn('resource_tracker')")
+    assert load_submit().error_line(err) == "ended without a result (state: OUT_OF_MEMORY)"
