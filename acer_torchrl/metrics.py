@@ -151,10 +151,9 @@ class MetricsLog:
             rows[-1] = None
         self.rows = [r for r in rows if r is not None and r["env_steps"] <= up_to_env_steps]
         unreadable = rows.count(None)
-        if not unreadable:
-            return None
-        self.write(self.columns())
-        return f"metrics.csv: {unreadable} unreadable line(s) dropped"
+        if len(self.rows) < len(rows):  # the file keeps only what the resumed run continues (not the rows of the
+            self.write(self.columns())  # killed segment after its checkpoint: evaluations of weights now gone)
+        return f"metrics.csv: {unreadable} unreadable line(s) dropped" if unreadable else None
 
     def columns(self) -> list[str]:
         """``metrics.csv``'s header: the base columns, then every metric in the order the rows first hold it."""
@@ -189,6 +188,12 @@ class MetricsLog:
             self._write_failing = True
             return
         self._write_failing = False
+
+    def flush(self) -> None:
+        """Write the rows again if the last write failed (a checkpoint's: what a resume reads back is every row up
+        to it, not the file as it was before the failure)."""
+        if self._write_failing:
+            self.write(self.columns())
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
         pts = [(r["env_steps"], r[key]) for r in self.rows if key in r]

@@ -347,6 +347,7 @@ class Trainer:
         self.counters.health = self.health.state()
         save_checkpoint(self.run_dir, self.state(), vars(self.counters), self.replay)
         self._saved_steps = self.counters.env_steps
+        self.log.flush()
         if self.log.rows:  # at checkpoints, not at every evaluation: a plot costs a good part of a checkpoint
             title = f"{self.cfg.loss} on {self.cfg.env.name}"
             save_learning_curve(self.log, self.run_dir / "learning_curve.png", title)
@@ -779,7 +780,7 @@ class Trainer:
         if returns:
             self._bar.set_postfix(ret=f"{np.mean(returns):.1f}", upd=c.updates)
         if row_due:
-            c.next_eval += cfg.eval.interval * max(1, math.ceil((c.env_steps - c.next_eval + 1) / cfg.eval.interval))
+            c.next_eval = next_periodic_evaluation(c.next_eval, c.env_steps, cfg.eval.interval)
             # the means of the updates' statistics since the last row, taken once a row: after every batch they cost
             # 14 means over up to an interval's updates, a measurable share of V-RACER's MuJoCo preset's run
             metrics = {k: float(np.mean(v)) for k, v in window.items()}
@@ -825,6 +826,15 @@ class Trainer:
         per_batch = self.cfg.collector.frames_per_batch
         end = before + math.ceil((self.cfg.total_frames - before) / per_batch) * per_batch
         return any(before < step <= after for step in final_window_steps(end, per_batch))
+
+
+def next_periodic_evaluation(next_eval: int, env_steps: int, interval: int) -> int:
+    """The periodic evaluation to come after a row at ``env_steps``: past ``env_steps`` by whole intervals when the row
+    was the periodic one (``env_steps >= next_eval``), ``next_eval`` itself when the row was a final-window point's
+    alone, so that the periodic evaluation after it still comes (moved on, it was lost from the final score)."""
+    if env_steps < next_eval:
+        return next_eval
+    return next_eval + interval * math.ceil((env_steps - next_eval + 1) / interval)
 
 
 def train(cfg: Config, stop_signals: StopSignals | None = None, remote: RemoteCollection | None = None) -> dict:

@@ -76,6 +76,23 @@ def test_every_run_length_evaluates_its_final_window_as_fully_as_its_batches_all
                 assert evaluated == list(ends[-3:]), (total_frames, per_batch, evaluated)
 
 
+def test_a_final_window_evaluation_leaves_the_periodic_one_after_it_in_place():
+    """LASER's CartPole preset (60 000 steps, batches of 64, an evaluation every 5 000): the rows of the trainer's
+    schedule, batch by batch. The final window's points (54 080, 57 088, 60 032) come on top of the periodic
+    evaluations: the one at 55 040 stays (before, the window point at 54 080 moved it to 60 032)."""
+    from acer_torchrl.trainer import Trainer, next_periodic_evaluation
+
+    per_batch, interval, total = 64, 5_000, 60_000
+    trainer = SimpleNamespace(cfg=SimpleNamespace(total_frames=total, collector=SimpleNamespace(frames_per_batch=per_batch)))
+    rows, next_eval = [], interval
+    for end in range(per_batch, total + per_batch, per_batch):
+        if end >= next_eval or Trainer._final_window_due(trainer, end - per_batch, end):
+            rows.append(end)
+            next_eval = next_periodic_evaluation(next_eval, end, interval)
+    assert [r for r in rows if r >= 0.9 * rows[-1]] == [54_080, 55_040, 57_088, 60_032]
+    assert rows[:3] == [5_056, 10_048, 15_040] and len(rows) == 12 + 2  # every interval's, and two window points
+
+
 @pytest.mark.integration
 def test_short_run_evaluates_three_times_in_its_final_window(tmp_path):
     """With evaluations far apart (eval.interval beyond the run) the trainer still evaluates at 90, 95 and
@@ -306,3 +323,41 @@ def test_a_resumed_log_rewrites_its_older_rows_as_they_were(tmp_path):
     resumed.load_existing(5120)
     resumed.write(list(resumed.rows[0]))
     assert (tmp_path / "metrics.csv").read_text() == before and "2560," in before
+
+
+def test_a_resume_leaves_in_metrics_csv_only_the_rows_up_to_its_checkpoint(tmp_path):
+    """The killed run's rows after its checkpoint (evaluations of weights no checkpoint holds) leave the file at the
+    resume, not once the resumed run logs its first row (an interval later); quietly: a kill is no damage."""
+    from acer_torchrl.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path, [])
+    for steps in (1000, 2000, 3000):
+        log.row(steps, steps // 10, steps / 100, {"eval_return_mean": steps / 1000})
+    resumed = MetricsLog(tmp_path, [])
+    assert resumed.load_existing(2000) is None
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in lines] == ["env_steps", "1000", "2000"]
+
+
+def test_a_checkpoint_writes_the_rows_again_after_a_failed_write(tmp_path, monkeypatch, capsys):
+    """A row whose write failed (a full disk) is on disk once a checkpoint comes, not only with the next row: a
+    resume from that checkpoint reads back every row up to it."""
+    import os
+
+    from acer_torchrl.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path, [])
+    log.row(1000, 100, 1.0, {"eval_return_mean": 1.0})
+    real_replace = os.replace
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    log.row(2000, 200, 2.0, {"eval_return_mean": 2.0})
+    assert "warning: cannot write" in capsys.readouterr().err
+    monkeypatch.setattr(os, "replace", real_replace)
+    log.flush()  # what Trainer.checkpoint does
+    resumed = MetricsLog(tmp_path, [])
+    resumed.load_existing(2000)
+    assert [r["env_steps"] for r in resumed.rows] == [1000, 2000]
