@@ -46,7 +46,8 @@ from acer_torchrl.commands import OneLineErrors, shell_command
 from acer_torchrl.config import ConfigError, override_value, without_keys
 from acer_torchrl.metrics import read_summary
 from acer_torchrl.processes import Interrupted
-from acer_torchrl.rundir import check_dir_name, default_run_dir, lock_run_dir, make_writable_dir, refuse_an_old_run
+from acer_torchrl.rundir import (SWEEP_FILE, check_dir_name, default_run_dir, lock_run_dir, make_writable_dir,
+                                 refuse_an_old_run, shared_replay_sweep)
 from acer_torchrl.settings import REGISTRY
 
 TABLE_KEYS = ("env_steps", "eval_return_mean", "wall_time_s")
@@ -235,17 +236,15 @@ def wait_and_report(jobs: list, runs: list[dict]) -> int:
 
 
 def indexed_points(sweep_dir: Path) -> list[Path] | None:
-    """The run directories :data:`POINTS_FILE` lists (in ``sweep.json`` before it had that name); None when there is
-    none; a one-line :class:`SubmitError` when it cannot be read."""
-    for name in (POINTS_FILE, "sweep.json"):
+    """The run directories :data:`POINTS_FILE` lists (in ``sweep.json`` before it had that name, which a shared-replay
+    sweep's holds its keys in); None when there is none; a one-line :class:`SubmitError` when it cannot be read."""
+    for name in (POINTS_FILE, SWEEP_FILE):
         index = sweep_dir / name
-        if not index.is_file():
+        if not index.is_file() or (name == SWEEP_FILE and shared_replay_sweep(sweep_dir)):  # laser_sweep's keys
             continue
         try:
             return [Path(run["run_dir"]) for run in json.loads(index.read_text())["runs"]]
         except (OSError, ValueError, KeyError, TypeError) as err:
-            if name == "sweep.json":  # a shared-replay sweep's (recipes/laser_sweep.py): its agents' summaries
-                return None
             raise SubmitError(f"{index}: not a readable list of the sweep's runs ({type(err).__name__}: {err})") from None
     return None
 
