@@ -151,6 +151,7 @@ class BackgroundEvaluator:
     def __init__(self, policy, make_env: Callable[[], EnvBase], max_steps: int):
         self.policy, self.make_env, self.max_steps = policy, make_env, max_steps
         self._unfinished: deque = deque()  # the requests asked and not answered yet: (tag, seed, weights)
+        self._finished: list[Result] = []  # answered and not handed out yet (kept when a look ends in HelperDied)
         self._deaths_in_a_row = 0  # process deaths since the last evaluation it finished
         self._given_up = False
         self._start()
@@ -228,14 +229,22 @@ class BackgroundEvaluator:
 
     def results(self) -> list[Result]:
         """The evaluations finished so far, in the order they were asked for (does not wait)."""
-        done = []
         while (reply := self._reply(block=False)) is not None:
-            done.append(reply)
-        return done
+            self._finished.append(reply)
+        return self._hand_out()
 
     def drain(self) -> list[Result]:
         """Every evaluation asked for, waiting for those still being played."""
-        return [self._reply(block=True) for _ in range(len(self._unfinished))]
+        while self._unfinished:
+            self._finished.append(self._reply(block=True))
+        return self._hand_out()
+
+    def _hand_out(self) -> list[Result]:
+        """The finished evaluations not handed out yet. Those a look got before the process was given up
+        (:class:`~acer_torchrl.processes.HelperDied` from its :meth:`_reply`) come with the next look's, so that the
+        learner logs every evaluation, in order."""
+        done, self._finished = self._finished, []
+        return done
 
     def close(self, wait_s: float = 10.0) -> None:
         """Stop the process: asked to end, killed after ``wait_s`` (a stopping learner gives it little: one

@@ -71,6 +71,18 @@ def final_score(curve: list[tuple[float, float]], env_steps: float) -> FinalScor
     )
 
 
+def window_settings(rows: list[dict], from_step: int, defaults: dict[str, int]) -> dict[str, int | list[int]]:
+    """The evaluation settings (``defaults``' keys: ``eval_episodes``, ``eval_max_steps``) of the evaluation rows from
+    ``from_step`` on (a final score's window): each setting's value, or the sorted list of its values where a resume
+    changed it within the window. A row without the setting (logged before rows recorded it) counts as ``defaults``'."""
+    window = [r for r in rows if "eval_return_mean" in r and r["env_steps"] >= from_step]
+    settings = {}
+    for key, default in defaults.items():
+        values = sorted({int(r.get(key, default)) for r in window} or {default})
+        settings[key] = values[0] if len(values) == 1 else values
+    return settings
+
+
 def make_loggers(run_dir: Path, tensorboard: bool = False, wandb: bool = False) -> list:
     """TorchRL loggers (``torchrl.record.loggers``) beside ``metrics.csv``: TensorBoard events under
     ``<run_dir>/tensorboard``; a Weights & Biases run in offline mode under ``<run_dir>/wandb`` (``wandb sync``

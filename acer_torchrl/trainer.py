@@ -39,7 +39,7 @@ from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config, evaluation_seed
 from acer_torchrl.health import Health, ReLUActivity, most_dead_layer
 from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, make_loggers, os_reason,
-                                  read_summary, save_learning_curve, write_summary)
+                                  read_summary, save_learning_curve, window_settings, write_summary)
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.objectives.names import BEHAVIOUR, PRIORITY_KEY, PRIORITY_WEIGHT_KEY
 from acer_torchrl.optim import DirectStep, make_optimiser, optimiser_name, optimiser_settings
@@ -139,7 +139,8 @@ class Trainer:
         self.evaluator: BackgroundEvaluator | InlineEvaluator | None = None  # from start() to close()
         self._collector = None  # from start() to stop_collecting()
         self._bar = None  # the progress bar, while the clock runs
-        self._awaiting: deque = deque()  # rows waiting for their evaluation: (env_steps, updates, wall_s, metrics)
+        # rows waiting for their evaluation: (env_steps, updates, wall_s, metrics, evaluation_settings())
+        self._awaiting: deque = deque()
         self._saved_steps: int | None = None  # env steps of the run's latest checkpoint (None: none yet)
         try:
             if cfg.resume:
@@ -623,9 +624,15 @@ class Trainer:
         same games in a resumed run); its row (``metrics`` and the evaluation's return) is logged when the result
         is in (:meth:`log_evaluations`)."""
         c = self.counters
-        self._awaiting.append((c.env_steps, c.updates, c.wall_time_s, metrics))
+        self._awaiting.append((c.env_steps, c.updates, c.wall_time_s, metrics, self.evaluation_settings()))
         with self._named_on_bar(self.evaluator.blocking):
             self.evaluator.submit(c.env_steps, evaluation_seed(self.cfg.seed, c.env_steps))
+
+    def evaluation_settings(self) -> dict[str, int]:
+        """What an evaluation asked now plays, logged in its row: ``eval.episodes`` games of at most ``eval.max_steps``
+        steps. A resume may change them (``APPLIED_ON_RESUME``); summary.json says which the final score's
+        evaluations played (:func:`~acer_torchrl.metrics.window_settings`)."""
+        return {"eval_episodes": self.cfg.eval.episodes, "eval_max_steps": self.cfg.eval.max_steps}
 
     def wait_for_evaluations(self) -> None:
         """Log every evaluation asked for, waiting for those still being played."""
@@ -650,9 +657,10 @@ class Trainer:
         """Log the rows of finished evaluations (in the order they were asked for); with ``log.progress`` and no
         terminal to draw the progress bar on (a SLURM log, a redirect), each is also one line on stderr."""
         for env_steps, mean, std in results:
-            steps, updates, wall, metrics = self._awaiting.popleft()
+            steps, updates, wall, metrics, settings = self._awaiting.popleft()
             assert steps == env_steps, (steps, env_steps)
-            self.log.row(steps, updates, wall, {**metrics, "eval_return_mean": mean, "eval_return_std": std})
+            evaluation = {"eval_return_mean": mean, "eval_return_std": std, **settings}
+            self.log.row(steps, updates, wall, {**metrics, **evaluation})
             if self.cfg.log.progress and not sys.stderr.isatty():
                 print(self.evaluation_line(), file=sys.stderr, flush=True)
 
@@ -691,7 +699,8 @@ class Trainer:
             "final_score_evaluations": score.evaluations,
             "final_score_from_step": score.from_step,
             "eval_return_last": score.last,
-            "eval_episodes": cfg.eval.episodes,
+            # the final score's evaluations' eval.episodes and eval.max_steps (a list where a resume changed them)
+            **window_settings(self.log.rows, score.from_step, self.evaluation_settings()),
             "wall_time_s": round(c.wall_time_s, 2),
             "env_steps_per_s": round(c.env_steps / max(c.wall_time_s, 1e-9), 1),
             # the learner process's CPU seconds per wall second: ~1 (or more, with threads) when the learner is

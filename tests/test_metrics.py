@@ -4,6 +4,7 @@ reading of its definition, and the trainer's evaluation schedule that fills its 
 import json
 import os
 import signal
+from collections import deque
 from types import SimpleNamespace
 
 import numpy as np
@@ -112,8 +113,29 @@ def test_short_run_evaluates_three_times_in_its_final_window(tmp_path):
     assert summary["eval_return_mean"] == pytest.approx(sum(r for _, r in evaluations) / 3)
     assert summary["eval_return_last"] == evaluations[-1][1]
     assert json.loads((tmp_path / "summary.json").read_text())["eval_episodes"] == 2
+    assert summary["eval_max_steps"] == 50
+    # each evaluation's row says what it played (a resume may change eval.episodes and eval.max_steps)
+    played = {(r[rows[0].index("eval_episodes")], r[rows[0].index("eval_max_steps")]) for r in rows[1:] if r[column]}
+    assert played == {("2", "50")}
     # the last update (in the batch that reached total_frames) stepped with lr x lr_end_factor
     assert float(rows[-1][rows[0].index("lr")]) == pytest.approx(0.0005)
+
+
+def test_summary_names_every_evaluation_setting_its_final_window_mixed():
+    """A resume that changed eval.episodes inside the final window: summary.json lists both counts, not the last."""
+    from acer_torchrl.metrics import window_settings
+
+    def row(steps, episodes=None):
+        return {"env_steps": steps, "eval_return_mean": 1.0, **({"eval_episodes": episodes} if episodes else {}),
+                "eval_max_steps": 100}
+
+    rows = [row(500, 5), {"env_steps": 560, "loss_critic": 0.5}, row(576, 10), row(608, 10), row(640, 5)]
+    defaults = {"eval_episodes": 5, "eval_max_steps": 100}
+    assert window_settings(rows, 576, defaults) == {"eval_episodes": [5, 10], "eval_max_steps": 100}
+    assert window_settings(rows, 600, {"eval_episodes": 10, "eval_max_steps": 100})["eval_episodes"] == [5, 10]
+    assert window_settings(rows[:4], 576, defaults) == {"eval_episodes": 10, "eval_max_steps": 100}
+    # rows logged before rows recorded their settings count as the run's current ones
+    assert window_settings([row(640)], 576, defaults)["eval_episodes"] == 5
 
 
 def test_linear_lr_schedule_reaches_its_end_factor(tmp_path):
@@ -264,6 +286,31 @@ def test_a_killed_evaluation_process_plays_its_unfinished_evaluations_again_unti
     finally:
         inline.close()
         background.close()
+
+
+def test_evaluations_finished_before_the_process_is_given_up_are_handed_out_with_the_next_look():
+    """A drain that got evaluation 0 and then gave the process up (HelperDied at the third death in a row) keeps 0:
+    the learner's next look (its checkpoint's, playing the rest here) returns 0 and 1 in order. Before, 0 was lost and
+    the learner's rows for the two no longer matched their results."""
+    evaluator = BackgroundEvaluator.__new__(BackgroundEvaluator)  # no process: its replies are scripted
+    evaluator._unfinished = deque([(0, 7, b""), (1, 8, b"")])
+    evaluator._finished = []
+    replies = iter([(0, 1.0, 0.0), HelperDied("the evaluation process died, 3 times in a row"), (1, 2.0, 0.0)])
+
+    def reply(block):
+        if not evaluator._unfinished:
+            return None
+        answer = next(replies)
+        if isinstance(answer, HelperDied):
+            raise answer
+        evaluator._unfinished.popleft()
+        return answer
+
+    evaluator._reply = reply
+    with pytest.raises(HelperDied):
+        evaluator.drain()
+    assert evaluator.drain() == [(0, 1.0, 0.0), (1, 2.0, 0.0)]
+    assert evaluator.drain() == [] and evaluator.results() == []
 
 
 @pytest.mark.integration

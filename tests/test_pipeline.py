@@ -301,7 +301,7 @@ def test_a_due_checkpoint_waits_for_the_evaluation_in_play_at_most_half_an_inter
     trainer.evaluator, c = Playing(), trainer.counters
     c.env_steps, c.next_checkpoint = 999, 1000
     assert not trainer._checkpoint_due()
-    trainer._awaiting.append((1000, 0, 0.0, {}))  # asked at step 1000, still being played
+    trainer._awaiting.append((1000, 0, 0.0, {}, trainer.evaluation_settings()))  # asked at step 1000, being played
     for c.env_steps in (1000, 1200, 1499):
         assert not trainer._checkpoint_due()
     c.env_steps = 1500
