@@ -18,7 +18,10 @@ starts no further seed; ``--resume`` then goes on from there. The seeds it had f
 ``results/<name>-partial/`` (:func:`record_partial`), so that they outlive the machine: where the benchmark's
 directory is gone, ``--restore-partial`` reads them from there and runs only the others. The row replaces that record.
 Its ``total_wall_s`` is the benchmark's wall time over all its invocations (``invocations``; both null where an
-earlier invocation left no record of its time: :func:`open_wall`).
+earlier invocation left no record of its time: :func:`open_wall`); its ``code``, ``machine`` and ``date`` name each
+invocation's (:func:`note_invocation`). A seed directory an earlier invocation left is read or resumed only when it
+ran this very seed (:func:`not_this_seed`); keys the benchmark sets (``seed=``, ``total_frames=``, ...) are refused
+as settings. A failed seed is named in the row and exits 1; with none finished no row is written.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import contextlib
 import csv
 import importlib.util
 import json
+import math
 import os
 import platform
 import shutil
@@ -100,12 +104,75 @@ def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extr
         if proc.returncode != 0:
             return {"seed": seed, "failed": f"exit {proc.returncode}, see {log}"}
     summary = json.loads((run_dir / "summary.json").read_text())
-    with (run_dir / "metrics.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if r.get("eval_return_mean")]
-    summary["curve"] = [(int(float(r["env_steps"])), float(r["eval_return_mean"])) for r in rows]
+    summary["curve"] = read_curve(run_dir)
     summary["seed"] = seed
     summary["final_score"] = final_score(summary["curve"], summary["env_steps"]).mean
     return summary
+
+
+def read_curve(run_dir: Path) -> list[tuple[int, float]]:
+    """A run's greedy evaluations from its ``metrics.csv``: ``(env steps, mean return)``."""
+    with (run_dir / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("eval_return_mean")]
+    return [(int(float(r["env_steps"])), float(r["eval_return_mean"])) for r in rows]
+
+
+# where a seed's run lives and how it reports: the benchmark sets them, not part of what a seed ran
+BOOKKEEPING = ("run_dir", "resume", "overwrite", "log.progress")
+
+
+def seed_settings(algo: str, preset: str, seed: int, frames: int, extra: list[str]) -> dict:
+    """Every setting a seed of this benchmark runs with (``config.flat_settings``' keys), but :data:`BOOKKEEPING`."""
+    from acer_torchrl.config import flat_settings, load_config
+
+    cfg = load_config(algo, [f"preset={preset}", f"seed={seed}", f"total_frames={frames}", *extra])
+    return {k: v for k, v in flat_settings(cfg).items() if k not in BOOKKEEPING}
+
+
+def not_this_seed(algo: str, preset: str, seed: int, frames: int, extra: list[str], run_dir: Path) -> str | None:
+    """Why ``run_dir``, a seed's directory an earlier invocation left (``--resume``, ``--restore-partial``), is not a
+    run of this benchmark's seed ``seed``, in words; None when it is, or holds nothing. Its ``config.yaml`` must hold
+    this seed's settings (:func:`seed_settings`: the same length and every other key, those a resume may change
+    included); a finished one's ``summary.json`` this algorithm, seed and length, and the final score its
+    ``metrics.csv`` gives. Before, such a directory was read (finished) or resumed to its own length and settings,
+    and the row said it ran this command."""
+    from acer_torchrl.config import ConfigError, flat_settings, load_config
+
+    if (run_dir / "config.yaml").exists():
+        try:
+            saved = flat_settings(load_config(algo, [f"resume={run_dir}"]))
+        except ConfigError as err:
+            return str(err)
+        expected = seed_settings(algo, preset, seed, frames, extra)
+        differ = [k for k, v in expected.items() if saved.get(k) != v]
+        if differ:
+            ran = ", ".join(f"{k}={saved.get(k)}" for k in differ)
+            wanted = ", ".join(f"{k}={expected[k]}" for k in differ)
+            return f"it ran with {ran}; this benchmark's seed {seed} has {wanted}"
+    if not (run_dir / "summary.json").exists():
+        return None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key, value in (("algorithm", algo), ("seed", seed)):
+        if summary.get(key, value) != value:
+            return f"its summary.json is of {key} {summary[key]}, not {value}"
+    if summary["env_steps"] < frames:
+        return f"it finished at {summary['env_steps']} env steps, not the benchmark's {frames}"
+    score = final_score(read_curve(run_dir), summary["env_steps"])
+    if score is None or not math.isclose(score.mean, summary["eval_return_mean"], rel_tol=1e-6, abs_tol=1e-9):
+        found = "no evaluation" if score is None else f"a final score of {score.mean:g}"
+        return (f"its metrics.csv gives {found} at {summary['env_steps']} env steps, its summary.json "
+                f"{summary['eval_return_mean']:g} (evaluations logged after it finished?)")
+    return None
+
+
+def check_seed_dirs(algo: str, preset: str, seeds: range, frames: int, extra: list[str], bench_dir: Path) -> None:
+    """:func:`not_this_seed` for every seed directory of ``bench_dir``, before any seed runs: one line for the
+    first that is not this benchmark's, exit code 1."""
+    for seed in seeds:
+        run_dir = bench_dir / f"seed{seed}"
+        if run_dir.is_dir() and (why := not_this_seed(algo, preset, seed, frames, extra, run_dir)):
+            sys.exit(f"error: {run_dir} is not a run of this benchmark's seed {seed}: {why}; move it away, or give "
+                     "the benchmark's own command")
 
 
 def partial_dir(results: Path, name: str) -> Path:
@@ -122,13 +189,15 @@ def record_partial(folder: Path, bench_dir: Path, finished: list[dict], command:
     ledger (:func:`open_wall`) goes with them."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "benchmark.json").write_text(json.dumps(ran) + "\n")
-    if (bench_dir / WALL).exists():
-        shutil.copyfile(bench_dir / WALL, folder / WALL)
+    for ledger in (WALL, PROVENANCE):
+        if (bench_dir / ledger).exists():
+            shutil.copyfile(bench_dir / ledger, folder / ledger)
     plot(finished, folder / "curves.png", f"{folder.name} ({len(finished)} seeds)", threshold)
     for result in finished:
         seed = result["seed"]
-        for stem in ("summary.json", "metrics.csv"):
-            shutil.copyfile(bench_dir / f"seed{seed}" / stem, folder / f"seed{seed}-{stem}")
+        for stem in ("summary.json", "metrics.csv", "config.yaml"):
+            if (bench_dir / f"seed{seed}" / stem).exists():
+                shutil.copyfile(bench_dir / f"seed{seed}" / stem, folder / f"seed{seed}-{stem}")
     scores = ", ".join(f"seed {r['seed']} {r['final_score']:.1f}" for r in sorted(finished, key=lambda r: r["seed"]))
     (folder / "README.md").write_text(
         f"# {folder.name}: the seeds a benchmark finished before it was stopped (not a learning.md row)\n\n"
@@ -176,6 +245,47 @@ def _write_wall(bench_dir: Path, ledger: dict) -> dict:
     return ledger
 
 
+PROVENANCE = "provenance.json"  # each invocation's code, machine and date: a resumed row's seeds ran in several
+
+
+def note_invocation(bench_dir: Path, resumed: bool) -> list[dict | None]:
+    """``bench_dir``'s record of its invocations with this one's appended: its code (:func:`code_version`), machine
+    and date, a None first where earlier invocations left no record (a directory from before it). The row names
+    them all: a row resumed across sessions, or restored from another machine's record, ran on each."""
+    path = bench_dir / PROVENANCE
+    runs = json.loads(path.read_text()) if path.exists() else ([None] if resumed else [])
+    runs.append({"code": code_version(), "machine": machine(), "date": time.strftime("%Y-%m-%d")})
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(runs) + "\n")
+    return runs
+
+
+def code_version() -> str:
+    """The checkout's commit, ``+changes`` when the library, the recipes or this script differ from it."""
+    git = ["git", "-C", str(ROOT)]
+    try:
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        changed = subprocess.run([*git, "status", "--porcelain", "--", "acer_torchrl", "recipes",
+                                  "benchmarks/learning.py"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return commit.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores, no GPU" if not _has_cuda() else "GPU"
+
+
+def provenance(runs: list[dict | None]) -> dict[str, str]:
+    """A row's ``code``, ``machine`` and ``date`` from its invocations' records (:func:`note_invocation`)."""
+    known = [r for r in runs if r is not None]
+    dates = [r["date"] for r in known]
+    unrecorded = " (earlier invocations unrecorded)" if None in runs else ""
+    return {"code": ", ".join(dict.fromkeys(r["code"] for r in known)) + unrecorded,
+            "machine": " + ".join(dict.fromkeys(r["machine"] for r in known)),
+            "date": dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"}
+
+
 def restore_partial(folder: Path, bench_dir: Path, ran: dict) -> list[int]:
     """Each seed of the record ``folder`` (:func:`record_partial`) that ``bench_dir`` has not finished, put back
     there as a finished run (its ``summary.json`` and ``metrics.csv``: what :func:`run_seed` reads); the seeds.
@@ -195,18 +305,21 @@ def restore_partial(folder: Path, bench_dir: Path, ran: dict) -> list[int]:
                              "drop one of them")
         run_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(folder / f"seed{seed}-metrics.csv", run_dir / "metrics.csv")
+        if (folder / f"seed{seed}-config.yaml").exists():  # (a record of before 2026-11-29 has none)
+            shutil.copyfile(folder / f"seed{seed}-config.yaml", run_dir / "config.yaml")
         shutil.copyfile(summary, run_dir / "summary.json")
         restored.append(seed)
-    if (folder / WALL).exists() and not (bench_dir / WALL).exists():
-        bench_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(folder / WALL, bench_dir / WALL)
+    for ledger in (WALL, PROVENANCE):
+        if (folder / ledger).exists() and not (bench_dir / ledger).exists():
+            bench_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(folder / ledger, bench_dir / ledger)
     return restored
 
 
 def iqm_with_ci(scores: list[float], reps: int = 50_000, seed: int = 0) -> tuple[float, float, float]:
     """Interquartile mean of per-seed final scores with its 95 % stratified-bootstrap confidence interval
-    (Agarwal et al. 2021, computed by ``rliable``), the same bits for the same scores and ``seed``. With 3 seeds
-    the interval is exactly [min, max] and the IQM their mean."""
+    (Agarwal et al. 2021, computed by ``rliable``), the same bits for the same scores and ``seed``. With 2 to 4 seeds
+    the interval is exactly [min, max] and the IQM their mean (with 4, the mean of the middle two)."""
     from rliable import library as rly
     from rliable import metrics
 
@@ -324,13 +437,24 @@ def write_row(path: Path, row: dict) -> None:
     os.replace(tmp, path)
 
 
+# keys the benchmark sets for each seed itself: given as settings, the last value would count (config.py) and
+# every seed would run, say, seed 7 under the labels 0-4, or another length than the row's ``frames``
+OWN_KEYS = {"seed": "--seeds and --first-seed", "total_frames": "--frames", "preset": "the preset argument",
+            "run_dir": "--runs", "resume": "--resume", "overwrite": "--resume"}
+
+
 def check_overrides(parser: argparse.ArgumentParser, algo: str, preset: str, extra: list[str]) -> None:
     """One usage error, before any seed starts, for a flag this script does not know (it would reach every seed's
-    recipe as a setting and fail it) and for settings the recipe would refuse (an unknown key, a bad value)."""
+    recipe as a setting and fail it), for a key the benchmark sets itself (:data:`OWN_KEYS`) and for settings the
+    recipe would refuse (an unknown key, a bad value)."""
     flags = [arg for arg in extra if arg.startswith("-")]
     if flags:
         parser.error(f"unrecognized arguments: {' '.join(flags)}")
-    from acer_torchrl.config import ConfigError, load_config
+    from acer_torchrl.config import ConfigError, load_config, override_key
+
+    own = next((key for key in map(override_key, extra) if key in OWN_KEYS), None)
+    if own is not None:
+        parser.error(f"{own}= is the benchmark's to set for each seed ({OWN_KEYS[own]}): drop it")
 
     try:
         load_config(algo, [f"preset={preset}", *extra])
@@ -378,20 +502,24 @@ def benchmark(argv: list[str]) -> None:
             parser.error(f"--restore-partial: no record {partial}")
         restored = restore_partial(partial, bench_dir, what_ran(args.algo, args.preset, args.frames, extra))
         print(f"seeds {restored} read from {partial}")
-    ledger = open_wall(bench_dir, resumed=args.resume is not None or args.restore_partial)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    check_seed_dirs(args.algo, args.preset, seeds, args.frames, extra, bench_dir)
+    resumed = args.resume is not None or args.restore_partial
+    ledger, invocations = open_wall(bench_dir, resumed), note_invocation(bench_dir, resumed)
     start = time.time()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward_stop)
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(
             lambda s: run_seed(args.algo, args.preset, s, args.frames, bench_dir / f"seed{s}", extra),
-            range(args.first_seed, args.first_seed + args.seeds),
+            seeds,
         ))
     ledger = close_wall(bench_dir, ledger, time.time() - start)
     command = " ".join(["python benchmarks/learning.py", args.algo, args.preset, f"--seeds {args.seeds}"]
                        + ([f"--first-seed {args.first_seed}"] if args.first_seed else []) + [f"--frames {args.frames}"] + ([f"--threshold {args.threshold:g}"] if args.threshold is not None else [])
                        + [f"--parallel {args.parallel}"] + ([f"--name {args.name}"] if args.name else []) + extra)
     ok = [r for r in results if "failed" not in r]
+    failed = [f"seed {r['seed']}: {r['failed']}" for r in results if "failed" in r]
     if INTERRUPTED.is_set():
         resume = [] if args.resume else ["--resume", str(bench_dir)]
         again = shell_command(os.path.abspath(sys.argv[0]), *sys.argv[1:], *resume)
@@ -400,6 +528,8 @@ def benchmark(argv: list[str]) -> None:
             record_partial(partial, bench_dir, ok, command, ran, args.threshold)
         kept = f"; seeds {[r['seed'] for r in ok]} recorded in {partial}" if ok else ""
         sys.exit(f"interrupted; the runs are checkpointed{kept}: continue with {again}")
+    if not ok:  # a row of failures would stand for the benchmark (or replace its row, with --replace)
+        sys.exit(f"error: no seed finished ({'; '.join(failed)}): no row written")
     args.results.mkdir(parents=True, exist_ok=True)
     plot(results, args.results / f"{name}.png", f"{args.algo} {args.preset} ({args.seeds} seeds)", args.threshold)
     finals = [r["final_score"] for r in ok]
@@ -422,18 +552,23 @@ def benchmark(argv: list[str]) -> None:
         "wall_time_s_per_seed": round(float(np.mean([r["wall_time_s"] for r in ok])), 1) if ok else None,
         "env_steps_per_s": round(float(np.mean([r["env_steps_per_s"] for r in ok])), 1) if ok else None,
         "curves": {str(r["seed"]): r["curve"] for r in ok},
-        "failed": [r["failed"] for r in results if "failed" in r],
+        "seeds_finished": [r["seed"] for r in ok],  # final_score_per_seed's seeds
+        "failed": failed,
+        # seeds whose run the health watch marked diverged (acer_torchrl.health): in the scores, marked in the table
+        "diverged_seeds": [r["seed"] for r in ok if r.get("health", {}).get("status") == "diverged"],
+        "final_score_evaluations": [r.get("final_score_evaluations") for r in ok],
         "total_wall_s": _round(ledger["seconds"]),  # every invocation's (None: an earlier one left no record)
         "invocations": ledger["invocations"],
         "command": command,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU" if not _has_cuda() else "GPU",
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance(invocations),
     }
     write_row(args.results / ROWS, row)
     put_markdown_row(row, args.results / "learning.md")
     if partial.is_dir():  # its seeds are in the row now
         shutil.rmtree(partial)
     print(json.dumps({k: v for k, v in row.items() if k != "curves"}, indent=2))
+    if failed:
+        sys.exit(f"error: {len(failed)} of {args.seeds} seeds failed ({'; '.join(failed)}); the row holds the others")
 
 
 def _round(x: float | None) -> float | None:
@@ -456,8 +591,9 @@ HEADER = (
     f"seed's evaluations in the row's line of `{ROWS}` (its `name`).\n"
     "**Final score**: a run's mean greedy return over the last 10 % of its env steps (at least 3 evaluations of "
     "`eval.episodes` episodes, the last included). Across seeds: interquartile mean (IQM) with its 95 % "
-    "stratified-bootstrap confidence interval (rliable; with 3 seeds it is exactly their [min, max] and the IQM "
-    "their mean, and such rows say so). Secondary: env steps at the first evaluation that "
+    "stratified-bootstrap confidence interval (rliable; with 2 to 4 seeds it is exactly their [min, max] and the "
+    "IQM their mean, with 4 the mean of the middle two, and such rows say so). Secondary: env steps at the first "
+    "evaluation that "
     "reached the threshold (- = never).\n\n"
     "| benchmark | final score IQM [95 % CI] | final score per seed | seeds with final >= threshold "
     "| steps to threshold (first touch) | wall s / seed | env steps/s | machine, date | command |\n"
@@ -468,22 +604,33 @@ HEADER = (
 def markdown_row(row: dict) -> str:
     """``row`` (the benchmark's JSON record) as a line of the results table, its name linking its curves (its own
     ``<name>.png``, or the figure it shares: :func:`shared_figure`) and its record (its line of
-    ``learning-rows.jsonl``). A row of 3 seeds says that its CI is their [min, max] and its IQM their mean
-    (:func:`iqm_with_ci`): the interval adds nothing to the seeds."""
+    ``learning-rows.jsonl``). A row of 2 to 4 seeds says that its CI is their [min, max] (:data:`FEW_SEEDS`): the
+    interval adds nothing to the seeds. A diverged seed's score is marked; the code it ran is named (rows of before
+    2026-11-29 have no record of it)."""
     steps = ", ".join("-" if s is None else str(s) for s in row["steps_to_threshold"]) or "n/a"
     rejudged = " re-judged" if "threshold_note" in row else ""  # against another bar than its command's (the note)
     thr = (f" (>= {row['threshold']:g}{rejudged}, {row['frames']} steps)" if row["threshold"] is not None
            else f" ({row['frames']} steps)")
     failed = f" FAILED: {len(row['failed'])}" if row["failed"] else ""
     low, high = row["final_score_ci95"]
-    three = " (3 seeds: mean [min, max])" if len(row["final_score_per_seed"]) == 3 else ""
+    scores = row["final_score_per_seed"]
+    seeds = row.get("seeds_finished", [None] * len(scores))
+    per_seed = ", ".join(f"{v}" + (" (diverged)" if seed in row.get("diverged_seeds", []) else "")
+                         for seed, v in zip(seeds, scores))
+    code = f", code {row['code']}" if "code" in row else ""
     return (
         f"| [{row['name']}]({row.get('figure', row['name'] + '.png')}) ([record]({ROWS}#{row['name']})){thr} | "
-        f"{row['final_score_iqm']} [{low}, {high}]{three}{failed} | "
-        f"{', '.join(str(v) for v in row['final_score_per_seed'])} | {row['final_score_at_threshold']} | {steps} | "
-        f"{row['wall_time_s_per_seed']} | {row['env_steps_per_s']} | {row['machine']}, {row['date']} | "
+        f"{row['final_score_iqm']} [{low}, {high}]{FEW_SEEDS.get(len(scores), '')}{failed} | "
+        f"{per_seed} | {row['final_score_at_threshold']} | {steps} | "
+        f"{row['wall_time_s_per_seed']} | {row['env_steps_per_s']} | {row['machine']}, {row['date']}{code} | "
         f"`{row['command']}` |"
     )
+
+
+# what the IQM and its 95 % CI are for so few seeds that the CI is exactly their [min, max] (:func:`iqm_with_ci`;
+# rliable's IQM trims a quarter of the seeds at each end, none of 2 or 3)
+FEW_SEEDS = {2: " (2 seeds: mean [min, max])", 3: " (3 seeds: mean [min, max])",
+             4: " (4 seeds: mean of the middle two [min, max])"}
 
 
 def put_markdown_row(row: dict, path: Path) -> None:

@@ -9,9 +9,12 @@ paper's Algorithm 1 (the master loop) and Algorithm 2 (one update).
 
     python examples/acer_cartpole.py [--total-frames 50000] [--seed 0]
 
-Settings: the library's ``cartpole`` preset (``acer_torchrl/settings/acer.py``: k = 32, 32 windows an update,
-replay ratio 4, gamma 0.999, Adam 5e-4, entropy bonus 0.01, c = 10, delta = 1, alpha = 0.99) with one env in this
-process (the preset steps 2 workers of 4 envs) and TorchRL's slice sampler (see :func:`make_replay`).
+Settings: those of the library's ``cartpole`` preset that ACER's 50 000 steps need (``acer_torchrl/settings/acer.py``:
+k = 32, 32 windows an update, replay ratio 4, gamma 0.999, Adam 5e-4, entropy bonus 0.01, c = 10, delta = 1,
+alpha = 0.99). Not the preset's: one env in this process (the preset steps 2 workers of 4 envs), TorchRL's slice
+sampler (see :func:`make_replay`) over a 50 000-step replay, greedy evaluations of 3 episodes (the preset's: 10), and
+none of what the preset adds for runs far past 50 000 steps (a target network for Q^ret, a 1M-step replay, a critic
+weight falling from 50k steps: ``benchmarks/results/cartpole-stability.md``).
 
 Measured 2026-11-27 on a 2-core x86_64 VM without GPU (torch 2.13, torchrl 0.14.1), the greedy return at 50 048
 frames (3 episodes): 500.0 on seeds 0-4 and 419.3 on seed 5; every seed first scored 500 by 40k frames (seeds 0-2:

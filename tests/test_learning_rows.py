@@ -202,8 +202,9 @@ def test_a_benchmark_stopped_while_a_seed_runs_records_the_seeds_it_had_finished
     bench_dir = runs / "acer-cartpole-20261128-000000"
     (bench_dir / "seed0").mkdir(parents=True)  # finished before (an earlier invocation)
     (bench_dir / "seed0" / "summary.json").write_text(json.dumps(
-        {"env_steps": 192, "wall_time_s": 2.0, "env_steps_per_s": 96.0, "eval_return_mean": 8.0}))
-    (bench_dir / "seed0" / "metrics.csv").write_text("env_steps,eval_return_mean\n176,7.0\n184,8.0\n192,9.0\n")
+        {"env_steps": 200000, "wall_time_s": 2.0, "env_steps_per_s": 96.0, "eval_return_mean": 8.0}))
+    (bench_dir / "seed0" / "metrics.csv").write_text(
+        "env_steps,eval_return_mean\n180000,7.0\n190000,8.0\n200000,9.0\n")
     settings = [arg for arg in TINY if "=" in arg and not arg.startswith("eval.interval")]
     proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "learning.py"), "acer", "cartpole", "--seeds",
                              "2", "--frames", "200000", "--parallel", "1", "--results", str(results), "--resume",
@@ -221,7 +222,8 @@ def test_a_benchmark_stopped_while_a_seed_runs_records_the_seeds_it_had_finished
     partial = results / "acer-cartpole-partial"
     assert f"seeds [0] recorded in {partial}: continue with" in err.strip().splitlines()[-1]
     assert sorted(p.name for p in partial.iterdir()) == ["README.md", "benchmark.json", "curves.png",
-                                                         "seed0-metrics.csv", "seed0-summary.json", "wall.json"]
+                                                         "provenance.json", "seed0-metrics.csv",
+                                                         "seed0-summary.json", "wall.json"]
     assert json.loads((partial / "wall.json").read_text())["open"] is False, "the ledger goes with the seeds"
     assert (bench_dir / "seed1" / "checkpoint").is_dir() and not (results / "learning-rows.jsonl").exists()
 
@@ -229,6 +231,8 @@ def test_a_benchmark_stopped_while_a_seed_runs_records_the_seeds_it_had_finished
 @pytest.mark.parametrize("given, message", [
     (["--seed-offset", "700"], "error: unrecognized arguments: --seed-offset"),
     (["acer.replay_ratioo=2"], "error: unknown config key 'acer.replay_ratioo'"),
+    (["seed=7"], "error: seed= is the benchmark's to set for each seed (--seeds and --first-seed): drop it"),
+    (["total_frames=999"], "error: total_frames= is the benchmark's to set for each seed (--frames): drop it"),
 ])
 def test_a_mistyped_flag_or_setting_is_one_usage_error_before_any_seed_runs(tmp_path, given, message):
     """A flag the benchmark does not know used to reach every seed's recipe as a setting: each seed failed and the
@@ -239,3 +243,80 @@ def test_a_mistyped_flag_or_setting_is_one_usage_error_before_any_seed_runs(tmp_
     out = subprocess.run(bench, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and message in out.stderr.strip().splitlines()[-1], out.stderr
     assert "Traceback" not in out.stderr and not results.exists() and not runs.exists()
+
+
+def finished_seed(run_dir: Path, *, env_steps: int = 192, score: float = 8.0, seed: int = 0, **summary) -> None:
+    """A finished seed's files as a recipe leaves them: summary.json and a metrics.csv giving its final score."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "summary.json").write_text(json.dumps(
+        {"algorithm": "acer", "seed": seed, "env_steps": env_steps, "eval_return_mean": score, **summary}))
+    (run_dir / "metrics.csv").write_text(
+        f"env_steps,eval_return_mean\n{env_steps - 16},{score - 1}\n{env_steps - 8},{score}\n{env_steps},{score + 1}\n")
+
+
+def test_a_seed_directory_of_other_settings_or_another_length_is_not_read_into_the_row(learning, tmp_path):
+    """``--resume`` read a finished seed whatever it had run (a LASER seed 7 of 20k steps passed as seed 0 of an ACER
+    50k row) and resumed a checkpointed one to its own length; each now is one line before any seed runs."""
+    from acer_torchrl.config import dump_yaml, load_config
+
+    settings = ["network.hidden=16", "eval.episodes=2"]
+    run_dir = tmp_path / "seed0"
+
+    def why(frames: int = 192, extra=settings) -> str | None:
+        return learning.not_this_seed("acer", "cartpole", 0, frames, extra, run_dir)
+
+    assert why() is None  # nothing there yet
+    finished_seed(run_dir)
+    config = load_config("acer", ["preset=cartpole", "seed=0", "total_frames=192", *settings])
+    dump_yaml(config, run_dir / "config.yaml")
+    assert why() is None
+    assert why(extra=["network.hidden=16", "eval.episodes=10"]) == (
+        "it ran with eval.episodes=2; this benchmark's seed 0 has eval.episodes=10")
+    assert why(frames=384).startswith("it ran with total_frames=192; this benchmark's seed 0 has total_frames=384")
+    (run_dir / "config.yaml").unlink()  # a seed restored from a record of before config.yaml went with it
+    assert why(frames=384) == "it finished at 192 env steps, not the benchmark's 384"
+    finished_seed(run_dir, seed=7)
+    assert why() == "its summary.json is of seed 7, not 0"
+    finished_seed(run_dir, algorithm="laser")
+    assert why() == "its summary.json is of algorithm laser, not acer"
+    finished_seed(run_dir)
+    with (run_dir / "metrics.csv").open("a") as f:  # resumed by hand to train on, and killed: rows past its summary
+        f.write("400,100.0\n")
+    assert why() == ("its metrics.csv gives a final score of 31 at 192 env steps, its summary.json 8 (evaluations "
+                     "logged after it finished?)")
+    with pytest.raises(SystemExit, match=r"^error: .*seed0 is not a run of this benchmark's seed 0: its metrics.csv"):
+        learning.check_seed_dirs("acer", "cartpole", range(2), 192, settings, tmp_path)
+
+
+def test_failed_and_diverged_seeds_are_named_and_a_row_of_failures_is_not_written(learning, tmp_path, monkeypatch):
+    """A seed that failed is named in the row and the benchmark exits 1 after writing the others; with every seed
+    failed there is no row (it would stand for the benchmark, or replace its row with --replace) and the partial
+    record stays. A diverged seed's score is marked; the row names the code and machine of each invocation."""
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    outcome = {0: {"health": {"status": "ok"}}, 1: {"health": {"status": "diverged"}}, 2: None}
+
+    def run_seed(algo, preset, seed, frames, run_dir, extra):
+        if outcome[seed] is None:
+            return {"seed": seed, "failed": f"exit 1, see {run_dir.with_suffix('.log')}"}
+        curve = [(160, 1.0 + seed), (176, 2.0 + seed), (192, 3.0 + seed)]
+        return {"seed": seed, "curve": curve, "final_score": 2.0 + seed, "env_steps": 192, "wall_time_s": 1.0,
+                "env_steps_per_s": 192.0, "final_score_evaluations": 3, **outcome[seed]}
+
+    monkeypatch.setattr(learning, "run_seed", run_seed)
+    argv = ["acer", "cartpole", "--seeds", "3", "--frames", "192", "--results", str(results), "--runs", str(runs)]
+    with pytest.raises(SystemExit, match=r"^error: 1 of 3 seeds failed \(seed 2: exit 1, see .*seed2.log\); the row "
+                                         r"holds the others$"):
+        learning.benchmark(argv)
+    row = learning.read_rows(results / learning.ROWS)["acer-cartpole"]
+    assert (row["seeds_finished"], row["final_score_per_seed"], row["diverged_seeds"]) == ([0, 1], [2.0, 3.0], [1])
+    assert row["failed"][0].startswith("seed 2: exit 1") and row["final_score_evaluations"] == [3, 3]
+    assert row["code"] == learning.code_version() and row["machine"] == learning.machine()
+    line = next(t for t in (results / "learning.md").read_text().splitlines() if t.startswith("| [acer-cartpole]"))
+    assert "| 2.0, 3.0 (diverged) |" in line and f", code {row['code']} |" in line and "FAILED: 1" in line
+
+    outcome.update({0: None, 1: None})
+    partial = learning.partial_dir(results, "other")
+    partial.mkdir()
+    with pytest.raises(SystemExit, match=r"^error: no seed finished \(seed 0: exit 1.*; seed 2: .*\): no row written$"):
+        learning.benchmark([*argv, "--name", "other"])
+    assert "other" not in learning.read_rows(results / learning.ROWS) and partial.is_dir()
