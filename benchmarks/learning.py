@@ -34,6 +34,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -273,7 +274,12 @@ def code_version() -> str:
 
 
 def machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} cores, no GPU" if not _has_cuda() else "GPU"
+    cpu = f"{platform.machine()}, {os.cpu_count()} cores"
+    if not _has_cuda():
+        return f"{cpu}, no GPU"
+    import torch
+
+    return f"{cpu}, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
 
 
 def provenance(runs: list[dict | None]) -> dict[str, str]:
@@ -490,8 +496,15 @@ def benchmark(argv: list[str]) -> None:
     args, extra = parser.parse_known_args(argv)
     check_overrides(parser, args.algo, args.preset, extra)
     name = args.name or f"{args.algo}-{args.preset}"
-    if name in read_rows(args.results / ROWS) and not args.replace:
+    if args.seeds < 1:
+        parser.error(f"--seeds {args.seeds}: give at least 1")
+    records = read_rows(args.results / ROWS)
+    if name in records and not args.replace:
         parser.error(f"{args.results / ROWS} already holds a row {name}: give another --name, or --replace")
+    shared = {record.get("figure") for record in records.values()}
+    if name not in records and (f"{name}.png" in shared or (args.results / f"{name}.png").exists()):
+        parser.error(f"{args.results / name}.png is another figure's (rows share it, or a page shows it): "
+                     "give another --name")
     require_rliable()
     bench_dir = args.resume or args.runs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume is not None and not args.resume.is_dir():
@@ -515,9 +528,11 @@ def benchmark(argv: list[str]) -> None:
             seeds,
         ))
     ledger = close_wall(bench_dir, ledger, time.time() - start)
-    command = " ".join(["python benchmarks/learning.py", args.algo, args.preset, f"--seeds {args.seeds}"]
-                       + ([f"--first-seed {args.first_seed}"] if args.first_seed else []) + [f"--frames {args.frames}"] + ([f"--threshold {args.threshold:g}"] if args.threshold is not None else [])
-                       + [f"--parallel {args.parallel}"] + ([f"--name {args.name}"] if args.name else []) + extra)
+    threshold = [] if args.threshold is None else ["--threshold", exact(args.threshold)]
+    command = "python benchmarks/learning.py " + shlex.join(
+        [args.algo, args.preset, "--seeds", str(args.seeds)]
+        + (["--first-seed", str(args.first_seed)] if args.first_seed else []) + ["--frames", str(args.frames)]
+        + threshold + ["--parallel", str(args.parallel)] + (["--name", args.name] if args.name else []) + extra)
     ok = [r for r in results if "failed" not in r]
     failed = [f"seed {r['seed']}: {r['failed']}" for r in results if "failed" in r]
     if INTERRUPTED.is_set():
@@ -569,6 +584,12 @@ def benchmark(argv: list[str]) -> None:
     print(json.dumps({k: v for k, v in row.items() if k != "curves"}, indent=2))
     if failed:
         sys.exit(f"error: {len(failed)} of {args.seeds} seeds failed ({'; '.join(failed)}); the row holds the others")
+
+
+def exact(x: float) -> str:
+    """``x`` as short as ``:g`` writes it where that is exact (``475``), else every digit (``1234567.5``)."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
 
 
 def _round(x: float | None) -> float | None:
@@ -649,7 +670,9 @@ def put_markdown_row(row: dict, path: Path) -> None:
         lines.insert(end + 1, line)
     else:
         lines[replaced] = line
-    path.write_text("\n".join(lines) + "\n")
+    tmp = path.with_suffix(".md.tmp")  # whole and atomically, as write_row: a kill leaves the table as it was
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
 
 
 

@@ -233,6 +233,7 @@ def test_a_benchmark_stopped_while_a_seed_runs_records_the_seeds_it_had_finished
     (["acer.replay_ratioo=2"], "error: unknown config key 'acer.replay_ratioo'"),
     (["seed=7"], "error: seed= is the benchmark's to set for each seed (--seeds and --first-seed): drop it"),
     (["total_frames=999"], "error: total_frames= is the benchmark's to set for each seed (--frames): drop it"),
+    (["--seeds", "0"], "error: --seeds 0: give at least 1"),
 ])
 def test_a_mistyped_flag_or_setting_is_one_usage_error_before_any_seed_runs(tmp_path, given, message):
     """A flag the benchmark does not know used to reach every seed's recipe as a setting: each seed failed and the
@@ -320,3 +321,20 @@ def test_failed_and_diverged_seeds_are_named_and_a_row_of_failures_is_not_writte
     with pytest.raises(SystemExit, match=r"^error: no seed finished \(seed 0: exit 1.*; seed 2: .*\): no row written$"):
         learning.benchmark([*argv, "--name", "other"])
     assert "other" not in learning.read_rows(results / learning.ROWS) and partial.is_dir()
+
+
+def test_a_row_does_not_take_the_name_of_a_figure_other_rows_or_pages_show(learning, tmp_path, capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    learning.write_row(results / learning.ROWS, {"name": "tune-a", "figure": "tuning.png"})
+    (results / "tuning.png").write_bytes(b"png")
+    (results / "laser-sweep.png").write_bytes(b"png")
+    for name in ("tuning", "laser-sweep"):
+        with pytest.raises(SystemExit) as stop:
+            learning.benchmark(["acer", "cartpole", "--frames", "192", "--name", name, "--results", str(results)])
+        assert stop.value.code == 2 and f"{name}.png is another figure's" in capsys.readouterr().err
+    assert (results / "tuning.png").read_bytes() == b"png" == (results / "laser-sweep.png").read_bytes()
+
+
+def test_a_recorded_threshold_is_exact(learning):
+    assert [learning.exact(x) for x in (475.0, 17.5, 1234567.5, 0.1)] == ["475", "17.5", "1234567.5", "0.1"]
