@@ -149,11 +149,11 @@ def plan_runs(top: Path, points: list, sweep: bool) -> list[dict]:
     return runs
 
 
-def check_run_dirs(runs: list[dict], cfg) -> None:
+def check_run_dirs(runs: list[dict], configs: list) -> None:
     """The checks a local run makes of its run_dir (:mod:`acer_torchrl.rundir`), before anything is made or submitted:
     a name too long, a directory that holds a run already (unless ``resume=`` or ``overwrite=true``), a resumed run
-    that has nothing left to train."""
-    for run in runs:
+    that has nothing left to train; each run against its own point's config (a sweep may vary ``total_frames``)."""
+    for run, cfg in zip(runs, configs, strict=True):
         check_dir_name(run["run_dir"], "run_dir")
         refuse_an_old_run(Path(run["run_dir"]), resume=bool(cfg.resume), overwrite=cfg.overwrite)
         if cfg.resume:
@@ -356,7 +356,7 @@ def submit(args: argparse.Namespace) -> int:
     if given_dir:
         check_dir_name(given_dir, "run_dir")
         top_dir = Path(given_dir).resolve()
-        check_run_dirs(plan_runs(top_dir, points, args.sweep is not None), configs[0])
+        check_run_dirs(plan_runs(top_dir, points, args.sweep is not None), configs)
     require_slurm(args)
     if not given_dir:
         top_dir = default_run_dir(configs[0], sweep=args.sweep is not None).resolve()

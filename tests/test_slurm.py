@@ -342,6 +342,23 @@ def test_sweep_is_the_cross_product():
             submit.parse_sweep(bad)
 
 
+def test_each_sweep_point_is_checked_against_its_own_total_frames(tmp_path):
+    """``resume=`` of a sweep over ``total_frames``: a point finished at its own length is refused even where the
+    first point still has steps to train (before, every point was checked against the first point's length)."""
+    from types import SimpleNamespace
+
+    submit = load_submit()
+    runs = []
+    for name in ("long", "short"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"env_steps": 2048, "run_dir": str(tmp_path / name)}))
+        runs.append({"run_dir": str(tmp_path / name)})
+    configs = [SimpleNamespace(resume=str(tmp_path), overwrite=False, total_frames=frames) for frames in (4096, 2048)]
+    with pytest.raises(submit.SubmitError, match=r"short already finished at 2048 env steps \(total_frames=2048\)"):
+        submit.check_run_dirs(runs, configs)
+    submit.check_run_dirs(runs[:1], configs[:1])
+
+
 @pytest.mark.integration
 def test_submit_rejects_user_mistakes_in_one_line(tmp_path):
     from acer_torchrl.config import dump_yaml, load_config
