@@ -117,16 +117,34 @@ def lock_run_dir(path: Path, key: str) -> IO:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "a run that has not written its name yet"
-        lock.close()
-        raise ConfigError(
-            f"{key}={path} is in use by another run ({holder}); wait for it to end or choose another run_dir="
-        ) from None
+        with lock:
+            raise _in_use(lock, path, key) from None
     lock.truncate(0)
     lock.write(f"host {socket.gethostname()}, pid {os.getpid()}\n")
     lock.flush()
     return lock
+
+
+def _in_use(lock: IO, path: Path, key: str) -> ConfigError:
+    """The one line for ``path``, whose ``lock`` another run holds, naming that run."""
+    lock.seek(0)
+    holder = lock.read().strip() or "a run that has not written its name yet"
+    return ConfigError(f"{key}={path} is in use by another run ({holder}); wait for it to end or choose another "
+                       "run_dir=")
+
+
+def refuse_a_live_run(path: Path, key: str) -> None:
+    """The one line of :func:`lock_run_dir` when a live run holds ``path``'s lock; creates nothing (no lock file
+    where there is none: a refused run leaves an old run's directory as it was)."""
+    try:
+        probe = open(path / LOCK_FILE)
+    except OSError:  # no lock file (no run there yet), or no directory
+        return
+    with probe:
+        try:
+            fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _in_use(probe, path, key) from None
 
 
 def refuse_an_old_run(path: Path, *, resume: bool, overwrite: bool) -> None:
@@ -143,7 +161,8 @@ def prepare_run_dir(path: Path, *, resume: bool, overwrite: bool) -> tuple[Path,
     """The directory a run (``resume``: the resumed run) writes to, checked, made and locked
     (:func:`lock_run_dir`) before any work; returns it and its open lock file."""
     key = "resume" if resume else "run_dir"
-    refuse_an_old_run(path, resume=resume, overwrite=overwrite)
+    refuse_a_live_run(path, key)  # named first: what a live run's directory holds is its own (its lock would refuse
+    refuse_an_old_run(path, resume=resume, overwrite=overwrite)  # the resume= the refusal of an old run proposes)
     make_writable_dir(path, key)
     lock = lock_run_dir(path, key)
     try:

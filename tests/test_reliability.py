@@ -56,6 +56,30 @@ def test_a_group_signal_during_start_up_ends_at_once_with_one_line(tmp_path, sig
     assert not (tmp_path / "run" / "checkpoint").exists()
 
 
+def test_a_live_run_is_named_before_what_its_directory_holds(tmp_path):
+    """A new run into the directory of a live run that has checkpointed is told that the run is in use (its pid), not
+    that it holds a run to continue with resume= (which the live run's lock would refuse); once that run is gone,
+    what it left is refused as before."""
+    from acer_torchrl.rundir import prepare_run_dir
+    from acer_torchrl.validation import ConfigError
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")
+    live = lock_run_dir(run_dir, "run_dir")  # another open file: flock tells it from ours as from another process's
+    try:
+        in_use = rf"^run_dir={run_dir} is in use by another run \(host .*, pid {os.getpid()}\)"
+        with pytest.raises(ConfigError, match=in_use):
+            prepare_run_dir(run_dir, resume=False, overwrite=False)
+    finally:
+        live.close()
+    with pytest.raises(ConfigError, match=rf"^run_dir={run_dir} already holds a run"):
+        prepare_run_dir(run_dir, resume=False, overwrite=False)
+    _, lock = prepare_run_dir(run_dir, resume=False, overwrite=True)
+    lock.close()
+    assert not (run_dir / "summary.json").exists()
+
+
 @pytest.mark.integration
 def test_a_second_run_into_a_locked_run_dir_is_refused_with_one_line(tmp_path):
     run_dir = tmp_path / "run"
