@@ -252,8 +252,22 @@ class Trainer:
         if cfg.total_frames <= self.counters.env_steps:
             raise ConfigError(f"init_from={path} is at {self.counters.env_steps} env steps: give total_frames > "
                               f"{self.counters.env_steps} (the run's end, counted from the start of the first run)")
+        self.note_a_short_final_window(path)
         self.sync_acting_policy()
         self.apply_resumed_settings()
+
+    def note_a_short_final_window(self, path: Path) -> None:
+        """One ``note:`` line when ``init_from``'s weights start this run past some of its final-window evaluation
+        points (:func:`final_window_steps`): its final score then averages fewer than the window's three evaluations
+        (``final_score_evaluations`` in summary.json says how many), the weights' own run having made the others."""
+        start, per_batch = self.counters.env_steps, self.cfg.collector.frames_per_batch
+        end = start + math.ceil((self.cfg.total_frames - start) / per_batch) * per_batch
+        points = final_window_steps(end, per_batch)
+        due = [step for step in points if step > start]
+        if len(due) < len(points):
+            print(f"note: init_from={path} starts at {start} env steps, past {len(points) - len(due)} of the final "
+                  f"score's {len(points)} evaluation points ({', '.join(map(str, points))}): its final score averages "
+                  "the evaluations this run makes from there", file=sys.stderr)
 
     def apply_resumed_settings(self) -> None:
         """Set this config's applied settings (:data:`~acer_torchrl.config.APPLIED_ON_RESUME`) on what the checkpoint

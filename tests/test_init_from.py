@@ -62,6 +62,21 @@ def test_a_run_from_weights_plays_the_saved_policy_and_continues_the_counters(tm
     assert yaml.safe_load((tmp_path / "third" / "config.yaml").read_text())["init_from"] == str(weights)
 
 
+def test_a_run_from_weights_inside_its_final_window_says_its_score_has_fewer_evaluations(tmp_path, saved, capsys):
+    """Weights at 384 env steps, total_frames=408: the window's points are 368, 388 and 408 (batches of 4 steps) and
+    the run starts past the first; a start before the window says nothing."""
+    weights, _ = saved
+    short = ["replay.seq_len=4", "replay.batch_size=2", "replay.min_size=8", "collector.frames_per_batch=4"]
+    for total, note in ((408, True), (576, False)):
+        capsys.readouterr()
+        Trainer(load_config("acer", [*TINY, *short, f"init_from={weights}", f"total_frames={total}",
+                                     f"run_dir={tmp_path / str(total)}"])).close()
+        err = capsys.readouterr().err
+        assert err == (f"note: init_from={weights} starts at 384 env steps, past 1 of the final score's 3 evaluation "
+                       "points (368, 388, 408): its final score averages the evaluations this run makes from there\n"
+                       if note else "")
+
+
 @pytest.mark.parametrize("overrides, error, message", [
     (["loss=laser"], CheckpointError, "holds acer weights for CartPole-v1, not laser on CartPole-v1"),
     (["network.hidden=32"], CheckpointError,
