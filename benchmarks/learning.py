@@ -424,6 +424,16 @@ def shared_figure(argv: list[str]) -> None:
     print(f"{args.results / figure}: {', '.join(args.rows)}")
 
 
+def redraw_shared_figure(results: Path, figure: str) -> None:
+    """``figure`` (:func:`shared_figure`) drawn again from the rows that still name it (a row replaced with
+    ``--replace`` has its own curve now), or deleted when none does."""
+    rows = [r for r in read_rows(results / ROWS).values() if r.get("figure") == figure]
+    if rows:
+        plot_rows(rows, results / figure, Path(figure).stem)
+    else:
+        (results / figure).unlink(missing_ok=True)
+
+
 def read_rows(path: Path) -> dict[str, dict]:
     """The row records of ``path`` (a ``learning-rows.jsonl``) by their ``name``, in file order; none when it is
     missing."""
@@ -579,6 +589,8 @@ def benchmark(argv: list[str]) -> None:
     }
     write_row(args.results / ROWS, row)
     put_markdown_row(row, args.results / "learning.md")
+    if "figure" in records.get(name, {}):  # --replace of a row a shared figure drew: drawn again without its old curves
+        redraw_shared_figure(args.results, records[name]["figure"])
     if partial.is_dir():  # its seeds are in the row now
         shutil.rmtree(partial)
     print(json.dumps({k: v for k, v in row.items() if k != "curves"}, indent=2))

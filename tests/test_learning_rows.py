@@ -338,3 +338,33 @@ def test_a_row_does_not_take_the_name_of_a_figure_other_rows_or_pages_show(learn
 
 def test_a_recorded_threshold_is_exact(learning):
     assert [learning.exact(x) for x in (475.0, 17.5, 1234567.5, 0.1)] == ["475", "17.5", "1234567.5", "0.1"]
+
+
+def test_a_row_replaced_out_of_a_shared_figure_leaves_it_drawn_without_its_old_curves(learning, tmp_path, monkeypatch):
+    """``--replace`` of a row that ``learning.py figure`` drew with another: the row gets its own curve file back and
+    the shared figure is drawn again from the other row alone (before, it kept showing the replaced curves); once no
+    row names it, it goes."""
+    results = tmp_path / "results"
+    results.mkdir()
+    base = {"threshold": None, "frames": 192, "failed": [], "final_score_ci95": [1.0, 1.0], "final_score_iqm": 1.0,
+            "final_score_at_threshold": "n/a", "steps_to_threshold": [], "wall_time_s_per_seed": 1.0,
+            "env_steps_per_s": 1.0, "machine": "m", "date": "d", "command": "c", "final_score_per_seed": [1.0],
+            "curves": {"0": [[96, 0.0], [192, 1.0]]}}
+    for name in ("acer-cartpole", "other"):
+        learning.write_row(results / learning.ROWS, {**base, "name": name})
+        learning.put_markdown_row({**base, "name": name}, results / "learning.md")
+    learning.shared_figure(["fig", "acer-cartpole", "other", "--results", str(results)])
+    drawn = []
+    monkeypatch.setattr(learning, "plot_rows", lambda rows, path, title: drawn.append(([r["name"] for r in rows], path)))
+    monkeypatch.setattr(learning, "run_seed", lambda algo, preset, seed, frames, run_dir, extra: {
+        "seed": seed, "curve": [(96, 2.0), (192, 3.0)], "final_score": 2.5, "env_steps": 192, "wall_time_s": 1.0,
+        "env_steps_per_s": 192.0})
+    learning.benchmark(["acer", "cartpole", "--seeds", "1", "--frames", "192", "--results", str(results),
+                        "--runs", str(tmp_path / "runs"), "--replace"])
+    records = learning.read_rows(results / learning.ROWS)
+    assert "figure" not in records["acer-cartpole"] and (results / "acer-cartpole.png").is_file()
+    assert drawn == [(["other"], results / "fig.png")]
+    learning.redraw_shared_figure(results, "nothing-names-it.png")
+    (results / "gone.png").write_bytes(b"png")
+    learning.redraw_shared_figure(results, "gone.png")
+    assert not (results / "gone.png").exists()
