@@ -355,7 +355,8 @@ def test_a_row_replaced_out_of_a_shared_figure_leaves_it_drawn_without_its_old_c
         learning.put_markdown_row({**base, "name": name}, results / "learning.md")
     learning.shared_figure(["fig", "acer-cartpole", "other", "--results", str(results)])
     drawn = []
-    monkeypatch.setattr(learning, "plot_rows", lambda rows, path, title: drawn.append(([r["name"] for r in rows], path)))
+    monkeypatch.setattr(learning, "plot_rows",
+                        lambda rows, path, title: drawn.append(([r["name"] for r in rows], path)))
     monkeypatch.setattr(learning, "run_seed", lambda algo, preset, seed, frames, run_dir, extra: {
         "seed": seed, "curve": [(96, 2.0), (192, 3.0)], "final_score": 2.5, "env_steps": 192, "wall_time_s": 1.0,
         "env_steps_per_s": 192.0})
