@@ -260,9 +260,9 @@ class Trainer:
         """One ``note:`` line when ``init_from``'s weights start this run past some of its final-window evaluation
         points (:func:`final_window_steps`): its final score then averages fewer than the window's three evaluations
         (``final_score_evaluations`` in summary.json says how many), the weights' own run having made the others."""
-        start, per_batch = self.counters.env_steps, self.cfg.collector.frames_per_batch
-        end = start + math.ceil((self.cfg.total_frames - start) / per_batch) * per_batch
-        points = final_window_steps(end, per_batch)
+        start = self.counters.env_steps
+        per_batch = self.cfg.collector.frames_per_batch
+        points = final_window_steps(run_end(start, self.cfg.total_frames, per_batch), per_batch)
         due = [step for step in points if step > start]
         if len(due) < len(points):
             print(f"note: init_from={path} starts at {start} env steps, past {len(points) - len(due)} of the final "
@@ -847,8 +847,14 @@ class Trainer:
         """Whether this batch crossed one of the final-score window's evaluation points (:func:`final_window_steps`)
         of the run's end: ``total_frames`` rounded up to whole batches from this one's start, as the collector does."""
         per_batch = self.cfg.collector.frames_per_batch
-        end = before + math.ceil((self.cfg.total_frames - before) / per_batch) * per_batch
+        end = run_end(before, self.cfg.total_frames, per_batch)
         return any(before < step <= after for step in final_window_steps(end, per_batch))
+
+
+def run_end(start: int, total_frames: int, per_batch: int) -> int:
+    """Where a run collecting from ``start`` env steps ends: ``total_frames`` rounded up to whole batches of
+    ``per_batch`` from there, as the collector rounds it."""
+    return start + math.ceil((total_frames - start) / per_batch) * per_batch
 
 
 def next_periodic_evaluation(next_eval: int, env_steps: int, interval: int) -> int:
