@@ -83,16 +83,19 @@ def window_settings(rows: list[dict], from_step: int, defaults: dict[str, int]) 
     return settings
 
 
-def make_loggers(run_dir: Path, tensorboard: bool = False, wandb: bool = False) -> list:
+def make_loggers(run_dir: Path, tensorboard: bool = False, wandb: bool = False,
+                 resumed_at: int | None = None) -> list:
     """TorchRL loggers (``torchrl.record.loggers``) beside ``metrics.csv``: TensorBoard events under
     ``<run_dir>/tensorboard``; a Weights & Biases run in offline mode under ``<run_dir>/wandb`` (``wandb sync``
     uploads it), its id fixed by the run directory so that a resumed run continues the same W&B run. The
-    config checks that their packages are installed (``LogConfig.validate``)."""
+    config checks that their packages are installed (``LogConfig.validate``).
+
+    ``resumed_at``: the env steps of the checkpoint a resumed run continues. TensorBoard then hides the points the
+    killed run logged after it, as ``metrics.csv`` drops their rows (:meth:`MetricsLog.load_existing`): the
+    resumed run logs those steps again. W&B keeps them (an offline run cannot rewind its history)."""
     loggers = []
     if tensorboard:
-        from torchrl.record.loggers.tensorboard import TensorboardLogger
-
-        loggers.append(TensorboardLogger(exp_name="tensorboard", log_dir=str(run_dir)))
+        loggers.append(tensorboard_logger(run_dir, purge_step=None if resumed_at is None else resumed_at + 1))
     if wandb:
         from torchrl.record.loggers.wandb import WandbLogger
 
@@ -100,6 +103,27 @@ def make_loggers(run_dir: Path, tensorboard: bool = False, wandb: bool = False) 
         loggers.append(WandbLogger(exp_name=run_dir.name, offline=True, save_dir=str(run_dir), id=run_id,
                                    project="acer-torchrl", log_env_packages=False))
     return loggers
+
+
+def tensorboard_logger(run_dir: Path, purge_step: int | None):
+    """TorchRL's ``TensorboardLogger`` writing under ``<run_dir>/tensorboard``, its ``SummaryWriter`` given
+    ``purge_step``: TensorBoard hides the events at that step or later that an earlier writer of the directory
+    logged (``SummaryWriter``'s own rule for a restarted run). Without it a point that both the killed and the
+    resumed run logged shows twice, and the killed run's later ones stay where the resumed run logs on another grid.
+    (The subclass is made here: TorchRL's module is imported only when a run asks for TensorBoard.)"""
+    from torchrl.record.loggers.tensorboard import TensorboardLogger
+
+    class PurgingTensorboardLogger(TensorboardLogger):
+        def __init__(self):
+            self.purge_step = purge_step  # read when the base class makes the writer
+            super().__init__(exp_name="tensorboard", log_dir=str(run_dir))
+
+        def _create_experiment(self):
+            from torch.utils.tensorboard import SummaryWriter
+
+            return SummaryWriter(log_dir=os.path.join(self.log_dir, self.exp_name), purge_step=self.purge_step)
+
+    return PurgingTensorboardLogger()
 
 
 def _number(text: str) -> int | float:

@@ -132,7 +132,7 @@ class Trainer:
         self._drawer = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="draw-ahead")
                         if self.draws_ahead() else None)
         self.counters = Counters(next_eval=cfg.eval.interval, next_checkpoint=cfg.log.checkpoint_interval)
-        self.log = MetricsLog(self.run_dir, make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb))
+        self.log = MetricsLog(self.run_dir)  # its TensorBoard / W&B loggers: once a resume is known (below)
         self.health = Health(self.agent.value_keys, gamma=cfg.gamma,
                              num_actions=self.info.num_actions if self.info.discrete else None)
         self.activity = ReLUActivity(self.agent.policy)  # a dead network (acer_torchrl.health), watched once a row
@@ -151,6 +151,7 @@ class Trainer:
         except BaseException:  # refused: the directory is free again at once (not when this object is collected)
             self._run_lock.close()
             raise
+        self.log.loggers = make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb, resumed_at=self._saved_steps)
         self.record_config()
 
     def make_replay(self) -> Replay:

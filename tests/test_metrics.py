@@ -8,6 +8,7 @@ from collections import deque
 from types import SimpleNamespace
 
 import numpy as np
+
 import pytest
 import torch
 from tensordict.nn import TensorDictModule
@@ -344,6 +345,28 @@ def test_every_metric_row_reaches_the_torchrl_loggers(tmp_path):
     assert (scalars / "loss_critic.csv").read_text().split() == ["1000,0.25", "2000,0.125"]
     assert (scalars / "eval_return_mean.csv").read_text().split() == ["1000,9.0"]
     assert (tmp_path / "metrics.csv").read_text().splitlines()[0].startswith("env_steps,updates,wall_time_s,loss_critic")
+
+
+def test_a_resumed_runs_tensorboard_hides_the_points_the_killed_run_logged_after_its_checkpoint(tmp_path):
+    """As metrics.csv drops the killed segment's rows (``MetricsLog.load_existing``), TensorBoard (read back by its
+    own reader) shows each env step once: the resumed run's point at 2500, not also the killed run's."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from acer_torchrl.metrics import MetricsLog, make_loggers
+
+    def segment(resumed_at, rows):
+        log = MetricsLog(tmp_path, make_loggers(tmp_path, tensorboard=True, resumed_at=resumed_at))
+        for steps, value in rows:
+            log.row(steps, steps // 10, 1.0, {"eval_return_mean": value})
+        for logger in log.loggers:
+            logger.experiment.close()
+
+    segment(None, [(1000, 1.0), (2000, 2.0), (2500, 2.5)])  # killed after 2500, its checkpoint at 2000
+    segment(2000, [(2500, 25.0), (3000, 30.0)])
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("eval_return_mean")] == [
+        (1000, 1.0), (2000, 2.0), (2500, 25.0), (3000, 30.0)]
 
 
 @pytest.mark.parametrize("key", ["tensorboard", "wandb"])
