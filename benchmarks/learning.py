@@ -443,6 +443,11 @@ def read_rows(path: Path) -> dict[str, dict]:
     return {record["name"]: record for record in records}
 
 
+def record_line(path: Path, name: str) -> int:
+    """The line of ``path`` (a ``learning-rows.jsonl``) that holds the row ``name``, from 1."""
+    return list(read_rows(path)).index(name) + 1
+
+
 def write_row(path: Path, row: dict) -> None:
     """``row`` as its line of ``path``: the line of the same name replaced in place, else a new last line. The file
     is written whole and atomically (a benchmark killed meanwhile leaves every row as before)."""
@@ -621,7 +626,7 @@ HEADER = (
     "# Learning results\n\n"
     "One row per benchmark run (newest last); produced by `benchmarks/learning.py`, curves in `<name>.png` (or a "
     "figure a tuning study's rows share: `learning.py figure`), every "
-    f"seed's evaluations in the row's line of `{ROWS}` (its `name`).\n"
+    f"seed's evaluations in the row's line of `{ROWS}` (its `record` link, by line number).\n"
     "**Final score**: a run's mean greedy return over the last 10 % of its env steps (at least 3 evaluations of "
     "`eval.episodes` episodes, the last included). Across seeds: interquartile mean (IQM) with its 95 % "
     "stratified-bootstrap confidence interval (rliable; with 2 to 4 seeds it is exactly their [min, max] and the "
@@ -634,10 +639,10 @@ HEADER = (
 )
 
 
-def markdown_row(row: dict) -> str:
+def markdown_row(row: dict, line: int) -> str:
     """``row`` (the benchmark's JSON record) as a line of the results table, its name linking its curves (its own
-    ``<name>.png``, or the figure it shares: :func:`shared_figure`) and its record (its line of
-    ``learning-rows.jsonl``). A row of 2 to 4 seeds says that its CI is their [min, max] (:data:`FEW_SEEDS`): the
+    ``<name>.png``, or the figure it shares: :func:`shared_figure`) and its record (``line``, its line of
+    ``learning-rows.jsonl``: ``#L<line>``, where a repository's file view scrolls to). A row of 2 to 4 seeds says that its CI is their [min, max] (:data:`FEW_SEEDS`): the
     interval adds nothing to the seeds. A diverged seed's score is marked; the code it ran is named (rows of before
     2026-11-29 have no record of it)."""
     steps = ", ".join("-" if s is None else str(s) for s in row["steps_to_threshold"]) or "n/a"
@@ -652,7 +657,7 @@ def markdown_row(row: dict) -> str:
                          for seed, v in zip(seeds, scores))
     code = f", code {row['code']}" if "code" in row else ""
     return (
-        f"| [{row['name']}]({row.get('figure', row['name'] + '.png')}) ([record]({ROWS}#{row['name']})){thr} | "
+        f"| [{row['name']}]({row.get('figure', row['name'] + '.png')}) ([record]({ROWS}#L{line})){thr} | "
         f"{row['final_score_iqm']} [{low}, {high}]{FEW_SEEDS.get(len(scores), '')}{failed} | "
         f"{per_seed} | {row['final_score_at_threshold']} | {steps} | "
         f"{row['wall_time_s_per_seed']} | {row['env_steps_per_s']} | {row['machine']}, {row['date']}{code} | "
@@ -668,10 +673,12 @@ FEW_SEEDS = {2: " (2 seeds: mean [min, max])", 3: " (3 seeds: mean [min, max])",
 
 def put_markdown_row(row: dict, path: Path) -> None:
     """``row`` as its line of the results table in ``path``: in place of the line of the same name (``--replace``:
-    the figures it showed have no record any more), else the table's last line (the notes below it stay below)."""
+    the figures it showed have no record any more), else the table's last line (the notes below it stay below).
+    Its record is a line of the ``learning-rows.jsonl`` beside ``path`` already (:func:`write_row`, which keeps
+    every record on its line: the links of the other rows stay right)."""
     if not path.exists():
         path.write_text(HEADER)
-    line = markdown_row(row)
+    line = markdown_row(row, record_line(path.parent / ROWS, row["name"]))
     lines = path.read_text().splitlines()
     end = lines.index(next(text for text in lines if text.startswith("| benchmark |")))  # the results table's header
     while end + 1 < len(lines) and lines[end + 1].startswith("|"):  # not the tables of the notes below it

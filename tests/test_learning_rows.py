@@ -40,11 +40,14 @@ def test_a_replaced_row_takes_its_old_lines_place_in_the_table(learning, tmp_pat
            "steps_to_threshold": [], "wall_time_s_per_seed": 1.0, "env_steps_per_s": 1.0, "machine": "m",
            "date": "d", "command": "c"}
     for name, iqm in (("a", 1.5), ("b", 1.5), ("a", 9.0)):
+        learning.write_row(tmp_path / learning.ROWS, {**row, "name": name, "final_score_iqm": iqm})
         learning.put_markdown_row({**row, "name": name, "final_score_iqm": iqm}, page)
     table = [line for line in page.read_text().splitlines() if line.startswith("| [")]
-    assert table == [learning.markdown_row({**row, "final_score_iqm": 9.0}),
-                     learning.markdown_row({**row, "name": "b"})]
-    assert "([record](learning-rows.jsonl#a))" in table[0] and page.read_text().endswith("\nnotes\n")
+    assert table == [learning.markdown_row({**row, "final_score_iqm": 9.0}, 1),
+                     learning.markdown_row({**row, "name": "b"}, 2)]
+    # each record link goes to its row's line of learning-rows.jsonl, which a replaced row keeps
+    assert "([record](learning-rows.jsonl#L1))" in table[0] and "([record](learning-rows.jsonl#L2))" in table[1]
+    assert page.read_text().endswith("\nnotes\n")
 
 
 def test_rows_that_share_a_figure_link_it_and_lose_their_own_curve_files(learning, tmp_path, capsys):
@@ -77,7 +80,7 @@ def test_rows_that_share_a_figure_link_it_and_lose_their_own_curve_files(learnin
     assert [r.pop("figure") for r in records.values()] == ["fig.png", "fig.png"] and records == rows
     table = [line for line in page.read_text().splitlines() if line.startswith("| [")]
     assert [line.split(" ", 2)[1] for line in table] == ["[a](fig.png)", "[ab](fig.png)"]
-    assert "([record](learning-rows.jsonl#ab))" in table[1] and page.read_text().endswith("\nnotes\n")
+    assert "([record](learning-rows.jsonl#L2))" in table[1] and page.read_text().endswith("\nnotes\n")
 
 
 def test_a_benchmarks_wall_time_adds_up_over_its_invocations_or_says_it_cannot(learning, tmp_path):

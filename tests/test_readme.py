@@ -108,11 +108,16 @@ def shared_figures() -> set[str]:
     return {json.loads(line).get("figure") for line in ROW_RECORDS.read_text().splitlines()} - {None}
 
 
+def recorded_rows() -> list[str]:
+    """The names of the rows learning-rows.jsonl records, in its line order."""
+    return [json.loads(line)["name"] for line in ROW_RECORDS.read_text().splitlines()]
+
+
 def shown_rows(page: Path) -> list[str]:
     """The learning rows ``page`` shows: the ``<row>.png`` curves it links in benchmarks/results/ (not the MinAtar
-    summary's ``minatar-*`` plots, not a figure rows share, not ``gpu/``) and the ``learning-rows.jsonl#<row>``
-    records it links."""
-    rows, shared = [], shared_figures()
+    summary's ``minatar-*`` plots, not a figure rows share, not ``gpu/``) and the records it links, lines of
+    ``learning-rows.jsonl`` (``#L<line>``; a link to a line that is not there: ``line <n>?``)."""
+    rows, shared, recorded = [], shared_figures(), recorded_rows()
     for target in local_targets(page):
         path, _, fragment = target.partition("#")
         file = (page.parent / path).resolve()
@@ -120,15 +125,27 @@ def shown_rows(page: Path) -> list[str]:
                 and file.name not in shared:
             rows.append(file.stem)
         elif file == ROW_RECORDS and fragment:
-            rows.append(fragment)
+            line = int(fragment[1:]) if re.fullmatch(r"L[1-9][0-9]*", fragment) else 0
+            rows.append(recorded[line - 1] if 0 < line <= len(recorded) else f"line {fragment}?")
     return rows
+
+
+def test_each_rows_record_link_goes_to_its_own_line():
+    """learning.md's ``[<row>](<curves>) ([record](learning-rows.jsonl#L<n>))``: line ``n`` is that row's record."""
+    recorded = recorded_rows()
+    page = RESULTS / "learning.md"
+    links = re.findall(r"^\| \[([^\]]+)\]\([^)]*\) \(\[record\]\(learning-rows\.jsonl#L(\d+)\)\)",
+                       page.read_text(), flags=re.M)
+    assert len(links) == len([line for line in page.read_text().splitlines() if line.startswith("| [")])
+    wrong = [(name, int(n)) for name, n in links if not 0 < int(n) <= len(recorded) or recorded[int(n) - 1] != name]
+    assert not wrong, f"learning.md links these rows' records to other lines of {ROW_RECORDS.name}: {wrong}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_row_a_page_shows_has_its_record(page):
     """A figure's source: each learning row a page shows (its curve or its record linked) is a line of
     learning-rows.jsonl, the seeds' scores, evaluations and command that the row's figures come from."""
-    recorded = {json.loads(line)["name"] for line in ROW_RECORDS.read_text().splitlines()}
+    recorded = set(recorded_rows())
     missing = [row for row in shown_rows(page) if row not in recorded]
     assert not missing, f"{page.name} shows rows that {ROW_RECORDS.name} has no record of: {missing}"
 
