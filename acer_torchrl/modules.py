@@ -260,10 +260,6 @@ class TruncatedGaussian(D.Independent):
         return self.base_dist.loc
 
 
-class NonFinitePolicy(ArithmeticError):
-    """The acting policy's action probabilities are not finite (its logits overflowed: the weights diverged)."""
-
-
 class BehaviourSampler(nn.Module):
     """The acting policy's last step: the action drawn from the behaviour statistics and its log-probability.
 
@@ -293,8 +289,11 @@ class BehaviourSampler(nn.Module):
                 flat = log_p.exp().reshape(-1, log_p.shape[-1])
                 try:
                     action = torch.multinomial(flat, 1, True).reshape(log_p.shape[:-1])
-                except RuntimeError as err:  # checked by multinomial at no cost to a finite policy
-                    raise NonFinitePolicy(f"the acting policy's action probabilities are not finite ({err})") from None
+                except RuntimeError:  # probabilities not finite (the logits overflowed), checked by multinomial at no
+                    # cost to a finite policy. Not raised: a collector's worker would die of it with a traceback. The
+                    # steps' log-probability is NaN instead, on which the trainer ends the run in one line.
+                    nan = torch.full(log_p.shape[:-1], float("nan"), dtype=log_p.dtype, device=log_p.device)
+                    return torch.zeros_like(nan, dtype=torch.long), nan
             return action, log_p.gather(-1, action.unsqueeze(-1)).squeeze(-1)
         loc, scale = stats
         if self.truncation is not None:

@@ -43,7 +43,6 @@ from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, m
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.objectives.names import BEHAVIOUR, PRIORITY_KEY, PRIORITY_WEIGHT_KEY
 from acer_torchrl.optim import DirectStep, make_optimiser, optimiser_name, optimiser_settings
-from acer_torchrl.modules import NonFinitePolicy
 from acer_torchrl.processes import HelperDied, RunGuard, StopSignals
 from acer_torchrl.priority_tree import SequencePriorities
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay, unprioritized
@@ -578,18 +577,24 @@ class Trainer:
         return self._collected(iter(self._collector)) if self._collector is not None else iter(())
 
     def _collected(self, batches: Iterator[TensorDictBase]) -> Iterator[TensorDictBase]:
-        """The collector's batches, kept in hand; a policy that cannot act because its outputs are not finite (the
-        weights overflowed, e.g. at a huge ``optim.lr``) ends the run with one line (:class:`TrainingError`), not
-        with a sampler's traceback in this process or a worker's death (the worker's traceback, then
-        :class:`~acer_torchrl.processes.HelperDied` proposing a resume that would fail the same way)."""
+        """The collector's batches, kept in hand. A policy that cannot act because its outputs are not finite (the
+        weights overflowed, e.g. at a huge ``optim.lr``: the batch's behaviour log-probabilities are not, see
+        :class:`~acer_torchrl.modules.BehaviourSampler`) ends the run with one line (:class:`TrainingError`), as does
+        a worker's death while it is so (:class:`~acer_torchrl.processes.HelperDied` would propose a resume that
+        fails the same way)."""
         try:
             for self._last_batch in batches:
+                if not bool(torch.isfinite(self._last_batch.get((BEHAVIOUR, "log_prob"))).all()):
+                    raise self._diverged()
                 yield self._last_batch
-        except (NonFinitePolicy, HelperDied) as err:
-            if isinstance(err, HelperDied) and self._acts_finitely():
+        except HelperDied:
+            if self._acts_finitely():
                 raise
-            raise TrainingError(f"the acting policy's outputs are not finite after update {self.counters.updates} "
-                                "(the network diverged); lower optim.lr and start a new run") from None
+            raise self._diverged() from None
+
+    def _diverged(self) -> TrainingError:
+        return TrainingError(f"the acting policy's outputs are not finite after update {self.counters.updates} (the "
+                             "network diverged); lower optim.lr and start a new run")
 
     @torch.no_grad()
     def _acts_finitely(self) -> bool:
@@ -598,10 +603,7 @@ class Trainer:
         if self._last_batch is None:
             return True
         steps = self._last_batch.reshape(-1)[:4].select(*self.acting.in_keys, strict=False).clone()
-        try:
-            out = self.acting(steps)
-        except NonFinitePolicy:
-            return False
+        out = self.acting(steps)
         return all(bool(torch.isfinite(v).all()) for v in out.values(True, True) if v.is_floating_point())
 
     def stop_collecting(self, timeout_s: float | None = None) -> None:

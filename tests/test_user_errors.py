@@ -489,8 +489,9 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
 @pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.integration)])
 def test_a_policy_whose_outputs_overflow_ends_the_run_with_one_line(tmp_path, workers):
     """At ``optim.lr=1e30`` the first step leaves finite weights whose logits overflow: the sampler of the acting
-    policy (in this process, or in a worker, which dies of it) cannot draw. The run ends with one line saying why,
-    not with a traceback or a worker's death and a resume that would fail the same way."""
+    policy (in this process, or in a worker) cannot draw. The run ends with one line saying why, not with a
+    traceback (a worker's, which once died of it first) or a worker's death and a resume that would fail the same
+    way."""
     from acer_torchrl.config import without_keys
 
     args = [*without_keys(TINY, "collector.workers", "total_frames"), f"collector.workers={workers}", "total_frames=640",
@@ -498,12 +499,8 @@ def test_a_policy_whose_outputs_overflow_ends_the_run_with_one_line(tmp_path, wo
     proc = recipe(args, tmp_path)
     line = ("error: the acting policy's outputs are not finite after update 1 (the network diverged); lower optim.lr "
             "and start a new run")
-    if workers:  # the worker's own traceback comes first (TorchRL prints it), then the learner's line: this one, or
-        # the next update's non-finite loss where the learner takes it before it sees the worker gone
-        last = proc.stderr.strip().splitlines()[-1]
-        assert proc.returncode == 2 and (last == line or last.startswith("error: non-finite loss at update 1")), proc.stderr
-    else:
-        assert error_line(proc) == line
+    # with a worker: this line, or the next update's non-finite loss where the learner takes it before the worker's batch
+    assert error_line(proc) == line or (workers and error_line(proc).startswith("error: non-finite loss at update 1"))
 
 
 def test_a_new_run_in_a_directory_left_without_a_checkpoint_starts_clean(tmp_path):
