@@ -363,7 +363,8 @@ def submit(args: argparse.Namespace) -> int:
     runs = plan_runs(top_dir, points, args.sweep is not None)
     make_run_dirs(runs)
     warn_short_time(args)
-    executor = make_executor(args, (args.logs or top_dir / "submitit").resolve())
+    logs = (args.logs or top_dir / "submitit").resolve()
+    executor = make_executor(args, logs)
     executor.update_parameters(nodes=args.nodes, tasks_per_node=tasks)
     if args.nodes > 1:
         print(f"{args.nodes} nodes x {tasks} tasks a job: the learner and {tasks - 1} collector processes on the first "
@@ -382,10 +383,20 @@ def submit(args: argparse.Namespace) -> int:
         print(f"sweep dir {top_dir}  (table: {shell_command('slurm/submit.py', 'tabulate', str(top_dir))})")
     if not (args.wait or args.local):
         return 0
-    status = wait_stopping_with_the_jobs(args, jobs, runs)
+    try:
+        status = wait_stopping_with_the_jobs(args, jobs, runs)
+    finally:
+        drop_the_local_controllers_folder(logs)
     if args.sweep:
         print(tabulate(top_dir))
     return status
+
+
+def drop_the_local_controllers_folder(logs: Path) -> None:
+    """submitit's local job controller makes ``<logs>/%j`` itself (the folder's pattern taken as a name) and leaves
+    it empty beside the jobs' own ``<logs>/<job id>/``: removed once the jobs ended (if it is there and empty)."""
+    with contextlib.suppress(OSError):
+        (logs / "%j").rmdir()
 
 
 @contextlib.contextmanager

@@ -430,6 +430,7 @@ def test_ctrl_c_on_a_local_job_checkpoints_it_and_ends_with_one_line(tmp_path):
                                                     f"{resume}"), output
     (job_log,) = (run_dir / "submitit").glob("*/*_log.err")
     assert "Traceback" not in job_log.read_text() and "leaked" not in job_log.read_text()
+    assert [p.name for p in (run_dir / "submitit").iterdir()] == [job_log.parent.name]  # no empty "%j" of submitit's
 
 
 def test_the_docstring_examples_pass_every_check_before_submission(tmp_path, monkeypatch):
