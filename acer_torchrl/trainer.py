@@ -150,7 +150,9 @@ class Trainer:
         except BaseException:  # refused: the directory is free again at once (not when this object is collected)
             self._run_lock.close()
             raise
-        self.log.loggers = make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb, resumed_at=self._saved_steps)
+        if self.counters.env_steps < cfg.total_frames:  # (a finished run resumed trains nothing: no event file)
+            self.log.loggers = make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb,
+                                            resumed_at=self._saved_steps)
         self.record_config()
 
     def make_replay(self) -> Replay:

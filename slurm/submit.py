@@ -458,9 +458,11 @@ def stopped_job_line(job, run: dict) -> str:
 
 
 def warn_short_time(args: argparse.Namespace) -> None:
-    if not args.local and args.time < 50:
+    """submitit counts a preemption as a timeout once the job has run ``min(0.8 T, T - 10 min)`` of its ``--time`` T
+    (``JobEnvironment``'s ``has_timed_out``): from the start at 10 min or less."""
+    if not args.local and args.time <= 10:
         print(
-            f"note: with --time under 50 min submitit counts every preemption as a timeout; a job is "
+            f"note: with --time of 10 min or less submitit counts every preemption as a timeout; a job is "
             f"requeued at most --max-timeouts={args.max_timeouts} times"
         )
 

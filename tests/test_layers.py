@@ -3,7 +3,7 @@ function) goes to a module of its own layer or of a lower one, and no modules im
 
 The layers, bottom to top (``docs/layout.md`` says the same):
 
-0. foundations, importing nothing of the package: ``validation`` (ranges, ``ConfigError``), ``objectives.names``
+0. foundations, importing nothing of the layers above: ``validation`` (ranges, ``ConfigError``), ``objectives.names``
    (the entry and option names every layer shares; no torch), ``commands``, ``processes``, ``metrics``,
    ``health``, ``atari``, ``_torchrl_compat``;
 1. ``settings``: each algorithm's keys, presets and the torch-free registry (an algorithm's ``build`` named by
