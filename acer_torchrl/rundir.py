@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 RUN_FILES = (
     "config.yaml", "metrics.csv", "metrics.csv.tmp", "summary.json", "learning_curve.png", "learning_curve.tmp.png",
     "tensorboard", "wandb", "checkpoint", "checkpoint.tmp", "checkpoint.old", "replay_storage", "resumes.jsonl",
-    "summary.json.tmp",
+    "summary.json.tmp", "provenance.jsonl",
 )
 LOCK_FILE = "run.lock"  # never deleted (overwrite=true leaves it): a new file would be a second lock
 FINISHED_MARKS = ("summary.json", "checkpoint", "checkpoint.old")

@@ -45,6 +45,7 @@ from acer_torchrl.objectives.names import BEHAVIOUR, PRIORITY_KEY, PRIORITY_WEIG
 from acer_torchrl.optim import DirectStep, make_optimiser, optimiser_name, optimiser_settings
 from acer_torchrl.processes import HelperDied, RunGuard, StopSignals
 from acer_torchrl.priority_tree import SequencePriorities
+from acer_torchrl.provenance import record_segment, segments, summarize
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay, unprioritized
 from acer_torchrl.rundir import default_run_dir, prepare_run_dir
 from acer_torchrl.settings import get_algorithm
@@ -150,9 +151,10 @@ class Trainer:
         except BaseException:  # refused: the directory is free again at once (not when this object is collected)
             self._run_lock.close()
             raise
-        if self.counters.env_steps < cfg.total_frames:  # (a finished run resumed trains nothing: no event file)
+        if self.counters.env_steps < cfg.total_frames:  # (a finished run resumed trains nothing: no file written)
             self.log.loggers = make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb,
                                             resumed_at=self._saved_steps)
+            record_segment(self.run_dir, self.counters.env_steps)  # the code, packages and machine it trains on
         self.record_config()
 
     def make_replay(self) -> Replay:
@@ -728,6 +730,8 @@ class Trainer:
             "collector_dropped_steps": self.replay.steps_missing,
             "restarts": c.restarts,
             "health": self.health.summary(),  # ok, or diverged at its first bad update (acer_torchrl.health)
+            # the code and machines of the run's segments (provenance.jsonl: each one's packages too) and its dates
+            **summarize(segments(self.run_dir)),
             "run_dir": str(self.run_dir),
         }
         path = self.run_dir / "summary.json"

@@ -33,7 +33,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -48,6 +47,7 @@ import numpy as np
 
 from acer_torchrl.commands import shell_command
 from acer_torchrl.metrics import FINAL_WINDOW, final_score, finish_plot, new_plot
+from acer_torchrl.provenance import summarize, this_process
 from acer_torchrl.rundir import holds_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,46 +250,19 @@ PROVENANCE = "provenance.json"  # each invocation's code, machine and date: a re
 
 
 def note_invocation(bench_dir: Path, resumed: bool) -> list[dict | None]:
-    """``bench_dir``'s record of its invocations with this one's appended: its code (:func:`code_version`), machine
-    and date, a None first where earlier invocations left no record (a directory from before it). The row names
-    them all: a row resumed across sessions, or restored from another machine's record, ran on each."""
+    """``bench_dir``'s record of its invocations with this one's appended: its code, machine, date and packages
+    (:func:`acer_torchrl.provenance.this_process`, the code including this script), a None first where earlier
+    invocations left no record (a directory from before it). The row names them all: a row resumed across sessions,
+    or restored from another machine's record, ran on each."""
     path = bench_dir / PROVENANCE
     runs = json.loads(path.read_text()) if path.exists() else ([None] if resumed else [])
-    runs.append({"code": code_version(), "machine": machine(), "date": time.strftime("%Y-%m-%d")})
+    runs.append(this_process(CODE_PATHS))
     bench_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(runs) + "\n")
     return runs
 
 
-def code_version() -> str:
-    """The checkout's commit, ``+changes`` when the library, the recipes or this script differ from it."""
-    git = ["git", "-C", str(ROOT)]
-    try:
-        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        changed = subprocess.run([*git, "status", "--porcelain", "--", "acer_torchrl", "recipes",
-                                  "benchmarks/learning.py"], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return commit.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
-
-
-def machine() -> str:
-    cpu = f"{platform.machine()}, {os.cpu_count()} cores"
-    if not _has_cuda():
-        return f"{cpu}, no GPU"
-    import torch
-
-    return f"{cpu}, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-
-
-def provenance(runs: list[dict | None]) -> dict[str, str]:
-    """A row's ``code``, ``machine`` and ``date`` from its invocations' records (:func:`note_invocation`)."""
-    known = [r for r in runs if r is not None]
-    dates = [r["date"] for r in known]
-    unrecorded = " (earlier invocations unrecorded)" if None in runs else ""
-    return {"code": ", ".join(dict.fromkeys(r["code"] for r in known)) + unrecorded,
-            "machine": " + ".join(dict.fromkeys(r["machine"] for r in known)),
-            "date": dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"}
+CODE_PATHS = ("acer_torchrl", "recipes", "benchmarks/learning.py")  # a row's numbers come from these
 
 
 def restore_partial(folder: Path, bench_dir: Path, ran: dict) -> list[int]:
@@ -590,7 +563,7 @@ def benchmark(argv: list[str]) -> None:
         "total_wall_s": _round(ledger["seconds"]),  # every invocation's (None: an earlier one left no record)
         "invocations": ledger["invocations"],
         "command": command,
-        **provenance(invocations),
+        **summarize(invocations, "invocations"),
     }
     write_row(args.results / ROWS, row)
     put_markdown_row(row, args.results / "learning.md")
@@ -611,15 +584,6 @@ def exact(x: float) -> str:
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
 
 
 HEADER = (

@@ -5,7 +5,7 @@ The layers, bottom to top (``docs/layout.md`` says the same):
 
 0. foundations, importing nothing of the layers above: ``validation`` (ranges, ``ConfigError``), ``objectives.names``
    (the entry and option names every layer shares; no torch), ``commands``, ``processes``, ``metrics``,
-   ``health``, ``atari``, ``_torchrl_compat``;
+   ``health``, ``atari``, ``_torchrl_compat``, ``provenance``;
 1. ``settings``: each algorithm's keys, presets and the torch-free registry (an algorithm's ``build`` named by
    its dotted path), the ``env.*`` keys;
 2. what the config checks and what a run stores: ``envs``, ``rundir``, ``checkpoint``, ``frame_store``,
@@ -34,7 +34,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "acer_torchrl"
 LAYERS = {
     "validation": 0, "objectives.names": 0, "commands": 0, "processes": 0, "metrics": 0, "health": 0, "atari": 0,
-    "_torchrl_compat": 0,
+    "_torchrl_compat": 0, "provenance": 0,
     "settings": 1,
     "envs": 2, "rundir": 2, "checkpoint": 2, "frame_store": 2, "priority_tree": 2, "replay": 2,
     "optim": 2,

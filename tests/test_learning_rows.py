@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from acer_torchrl.provenance import code_version, machine
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 TINY = ["--seeds", "1", "--frames", "192", "--parallel", "1", "collector.workers=0", "collector.frames_per_batch=48",
@@ -314,7 +316,7 @@ def test_failed_and_diverged_seeds_are_named_and_a_row_of_failures_is_not_writte
     row = learning.read_rows(results / learning.ROWS)["acer-cartpole"]
     assert (row["seeds_finished"], row["final_score_per_seed"], row["diverged_seeds"]) == ([0, 1], [2.0, 3.0], [1])
     assert row["failed"][0].startswith("seed 2: exit 1") and row["final_score_evaluations"] == [3, 3]
-    assert row["code"] == learning.code_version() and row["machine"] == learning.machine()
+    assert row["code"] == code_version(paths=learning.CODE_PATHS) and row["machine"] == machine()
     line = next(t for t in (results / "learning.md").read_text().splitlines() if t.startswith("| [acer-cartpole]"))
     assert "| 2.0, 3.0 (diverged) |" in line and f", code {row['code']} |" in line and "FAILED: 1" in line
 

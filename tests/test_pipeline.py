@@ -37,6 +37,7 @@ from acer_torchrl.config import ConfigError
 from acer_torchrl.modules import acting_policy, learning_module, make_torso
 from acer_torchrl.objectives.common import policy_distribution
 from acer_torchrl.objectives.common import ReplayLoss, masked_mean, sequence_mask
+from acer_torchrl.provenance import code_version, machine
 from acer_torchrl.replay import EpisodeReplay
 from acer_torchrl.settings import Algorithm
 from planted import plant_pickle
@@ -105,8 +106,9 @@ def test_end_to_end_run_leaves_the_run_directory_contract(tmp_path, probe_regist
     learner_cpu_s = summary["learner_cpu_per_wall_s"] * summary["wall_time_s"]
     assert 0 < learner_cpu_s <= cpu_used + 0.05, (learner_cpu_s, cpu_used)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
-    for name in ("config.yaml", "metrics.csv", "learning_curve.png", "checkpoint/state.pt"):
+    for name in ("config.yaml", "metrics.csv", "learning_curve.png", "checkpoint/state.pt", "provenance.jsonl"):
         assert (tmp_path / name).is_file(), name
+    assert (summary["code"], summary["machine"]) == (code_version(), machine())  # the code and machine it ran on
     rows = (tmp_path / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("env_steps,updates,wall_time_s") and len(rows) >= 3
     steps = [float(r.split(",")[0]) for r in rows[1:]]

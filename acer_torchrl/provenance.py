@@ -1,0 +1,109 @@
+"""What a run ran on, recorded with it: the code (the checkout's commit, or the installed package's version), the
+packages that compute its numbers, Python and the machine.
+
+A run appends one line to ``<run_dir>/provenance.jsonl`` when it starts and at each resume that trains (a run
+resumed on other code or another machine ran on each, from the env steps the line gives), and ``summary.json``
+names the code and machines of all of them. ``benchmarks/learning.py`` records the same for each invocation of a
+row.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout, when the package is run from one
+FILE = "provenance.jsonl"
+PACKAGES = ("torch", "torchrl", "tensordict", "numpy", "gymnasium", "mujoco", "ale-py", "minatar")
+CODE_PATHS = ("acer_torchrl", "recipes")  # what a run's numbers come from, in the checkout
+
+
+@functools.cache
+def code_version(root: Path = ROOT, paths: tuple[str, ...] = CODE_PATHS) -> str:
+    """``root``'s commit, ``+changes`` when ``paths`` differ from it; where ``root`` is not the top of a git
+    checkout (an installed package, or a folder inside another project's repository), the installed version."""
+    git = ["git", "-C", str(root)]
+
+    def out(*args: str) -> str:
+        return subprocess.run([*git, *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        if Path(out("rev-parse", "--show-toplevel")).resolve() == root.resolve():
+            changed = out("status", "--porcelain", "--", *paths)
+            return out("rev-parse", "--short", "HEAD") + ("+changes" if changed else "")
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    try:
+        return f"acer-torchrl {importlib.metadata.version('acer-torchrl')} (not a git checkout)"
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not a git checkout, not installed)"
+
+
+def machine() -> str:
+    """The CPU architecture, core count and GPUs, e.g. ``x86_64, 2 cores, no GPU``."""
+    import torch
+
+    cpu = f"{platform.machine()}, {os.cpu_count()} cores"
+    if not torch.cuda.is_available():
+        return f"{cpu}, no GPU"
+    return f"{cpu}, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+
+
+def packages() -> dict[str, str]:
+    """The installed versions of :data:`PACKAGES` (those installed)."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def this_process(code_paths: tuple[str, ...] = CODE_PATHS) -> dict:
+    """This process's record: ``code`` (:func:`code_version` of ``code_paths``), ``machine``, ``date``
+    (``YYYY-MM-DD``), ``started`` (local time, ISO 8601), ``python`` and ``packages``."""
+    return {"code": code_version(ROOT, code_paths), "machine": machine(), "date": time.strftime("%Y-%m-%d"),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": platform.python_version(),
+            "packages": packages()}
+
+
+def record_segment(run_dir: Path, env_steps: int) -> None:
+    """Append this process's record (:func:`this_process`) to ``<run_dir>/provenance.jsonl``, from ``env_steps``."""
+    with open(run_dir / FILE, "a") as f:
+        f.write(json.dumps({"from_env_steps": env_steps, **this_process()}) + "\n")
+
+
+def segments(run_dir: Path) -> list[dict | None]:
+    """The records of ``<run_dir>/provenance.jsonl`` in order; a line that cannot be read (cut short by a kill) is
+    None, and so is a first segment of a run begun before runs recorded theirs (its first line not from step 0)."""
+    path = run_dir / FILE
+    lines = path.read_text().splitlines() if path.exists() else []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            records.append(None)
+    if not records or (records[0] is not None and records[0].get("from_env_steps", 0) > 0):
+        records.insert(0, None)
+    return records
+
+
+def summarize(records: list[dict | None], kind: str = "segments") -> dict[str, str]:
+    """``code``, ``machine`` and ``date`` of several records (a run's segments, a benchmark row's invocations: the
+    ``kind``): each distinct value once, in order; ``(some <kind> unrecorded)`` after the code where one is None."""
+    known = [r for r in records if r is not None]
+    if not known:
+        return {"code": "unrecorded", "machine": "unrecorded", "date": "unrecorded"}
+    dates = [r["date"] for r in known]
+    unrecorded = f" (some {kind} unrecorded)" if None in records else ""
+    return {"code": ", ".join(dict.fromkeys(r["code"] for r in known)) + unrecorded,
+            "machine": " + ".join(dict.fromkeys(r["machine"] for r in known)),
+            "date": dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"}
