@@ -155,6 +155,8 @@ class Trainer:
             self.log.loggers = make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb,
                                             resumed_at=self._saved_steps)
             record_segment(self.run_dir, self.counters.env_steps)  # the code, packages and machine it trains on
+            # a finished run resumed to train further is not finished any more: its summary comes at its new end
+            (self.run_dir / "summary.json").unlink(missing_ok=True)
         self.record_config()
 
     def make_replay(self) -> Replay:

@@ -43,7 +43,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from acer_torchrl.cli import with_stop_signals
 from acer_torchrl.cluster import RecipeJob
 from acer_torchrl.commands import OneLineErrors, shell_command
-from acer_torchrl.config import ConfigError, override_value, without_keys
+from acer_torchrl.config import ConfigError, override_value, repeated_settings, unused_settings, without_keys
 from acer_torchrl.metrics import read_summary
 from acer_torchrl.processes import Interrupted
 from acer_torchrl.rundir import (SWEEP_FILE, check_dir_name, default_run_dir, lock_run_dir, make_writable_dir,
@@ -104,6 +104,16 @@ def check_config(recipe: str, overrides: list[str]):
     return load_config(recipe, overrides)
 
 
+def say_config_notes(points: list, configs: list) -> None:
+    """The ``note:`` lines each run prints at its start (a key given twice, a key its run reads nowhere), here at
+    submission, each once: a swept key that has no effect at some point (the table would show points that differ by
+    nothing) is said before the jobs wait in the queue, not only in their logs."""
+    notes = [note for (_, point_overrides), cfg in zip(points, configs)
+             for note in (*repeated_settings(point_overrides), *unused_settings(cfg, point_overrides))]
+    for note in dict.fromkeys(notes):
+        print(note, file=sys.stderr)
+
+
 def tasks_per_node(args: argparse.Namespace, configs: list) -> int:
     """1, or with ``--nodes`` > 1 the tasks of each node: ``collector.workers`` collectors and the learner's
     task (on the first node; a further collector on the others)."""
@@ -158,6 +168,23 @@ def check_run_dirs(runs: list[dict], configs: list) -> None:
         refuse_an_old_run(Path(run["run_dir"]), resume=bool(cfg.resume), overwrite=cfg.overwrite)
         if cfg.resume:
             refuse_a_finished_run(Path(run["run_dir"]), cfg.total_frames)
+
+
+def refuse_another_sweep(sweep_dir: Path, runs: list[dict]) -> None:
+    """A one-line :class:`SubmitError` for a ``--sweep`` into a directory that holds another sweep's
+    :data:`POINTS_FILE` (other points or settings): its index would be replaced, and ``tabulate`` would show the new
+    points alone beside the old ones' directories. The same sweep again (its points' runs resumed) is accepted."""
+    index = sweep_dir / POINTS_FILE
+    try:
+        before = json.loads(index.read_text())["runs"] if index.is_file() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        before = None  # unreadable: tabulate says so; the new index replaces it
+    if before is None:
+        return
+    planned = [(run["name"], run["overrides"]) for run in runs]
+    if [(run.get("name"), run.get("overrides")) for run in before] != planned:
+        raise SubmitError(f"run_dir={sweep_dir} holds another sweep ({POINTS_FILE}: "
+                          f"{', '.join(run.get('name', '?') for run in before)}); give another run_dir= for this one")
 
 
 def refuse_a_finished_run(run_dir: Path, total_frames: int) -> None:
@@ -237,26 +264,28 @@ def wait_and_report(jobs: list, runs: list[dict]) -> int:
 
 def indexed_points(sweep_dir: Path) -> list[Path] | None:
     """The run directories :data:`POINTS_FILE` lists (in ``sweep.json`` before it had that name, which a shared-replay
-    sweep's holds its keys in); None when there is none; a one-line :class:`SubmitError` when it cannot be read."""
+    sweep's holds its keys in), each in ``sweep_dir`` by its name: a sweep copied or moved elsewhere reads its own
+    points, not those of the directory it was made in; None when there is none; a one-line :class:`SubmitError`
+    when it cannot be read."""
     for name in (POINTS_FILE, SWEEP_FILE):
         index = sweep_dir / name
         if not index.is_file() or (name == SWEEP_FILE and shared_replay_sweep(sweep_dir)):  # laser_sweep's keys
             continue
         try:
-            return [Path(run["run_dir"]) for run in json.loads(index.read_text())["runs"]]
+            return [sweep_dir / Path(run["run_dir"]).name for run in json.loads(index.read_text())["runs"]]
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise SubmitError(f"{index}: not a readable list of the sweep's runs ({type(err).__name__}: {err})") from None
     return None
 
 
 def tabulate(sweep_dir: Path) -> str:
-    """A text table of the sweep's points and their ``summary.json`` figures (``-`` where not finished or unreadable:
-    a resume of that point writes it again)."""
+    """A text table of the sweep's points and their ``summary.json`` figures (``-`` where not finished, also when
+    resumed to train further, or unreadable: a resume of that point writes it again)."""
     run_dirs = indexed_points(sweep_dir)
-    if run_dirs is None:
-        run_dirs = sorted(p.parent for p in sweep_dir.glob("*/summary.json"))
+    if run_dirs is None:  # a shared-replay sweep: its agents' run directories
+        run_dirs = sorted(p.parent for p in sweep_dir.glob("*/config.yaml"))
     if not run_dirs:
-        raise SubmitError(f"{sweep_dir}: no {POINTS_FILE} and no */summary.json (not a sweep directory?)")
+        raise SubmitError(f"{sweep_dir}: no {POINTS_FILE} and no */config.yaml (not a sweep directory?)")
     rows = [("point", *TABLE_KEYS)]
     for run_dir in run_dirs:
         path = run_dir / "summary.json"
@@ -350,6 +379,7 @@ def submit(args: argparse.Namespace) -> int:
         return submit_shared_replay_sweep(args)
     points = plan_points(args.overrides, args.sweep)
     configs = [check_config(args.recipe, point_overrides) for _, point_overrides in points]
+    say_config_notes(points, configs)
     tasks = tasks_per_node(args, configs)
     # resume=<run_dir> continues that run in place
     given_dir = override_value(args.overrides, "run_dir") or override_value(args.overrides, "resume")
@@ -357,6 +387,8 @@ def submit(args: argparse.Namespace) -> int:
         check_dir_name(given_dir, "run_dir")
         top_dir = Path(given_dir).resolve()
         check_run_dirs(plan_runs(top_dir, points, args.sweep is not None), configs)
+        if args.sweep:
+            refuse_another_sweep(top_dir, plan_runs(top_dir, points, True))
     require_slurm(args)
     if not given_dir:
         top_dir = default_run_dir(configs[0], sweep=args.sweep is not None).resolve()

@@ -61,11 +61,14 @@ def test_each_segment_that_trains_is_recorded_from_its_env_steps(tmp_path):
     assert provenance.summarize([first, second]) == {"code": here["code"], "machine": here["machine"],
                                                      "date": here["date"]}
     # a finished run resumed trains nothing and writes nothing (docs/running.md)
-    (run_dir / "summary.json").write_text(json.dumps({"env_steps": 4000}))
+    (run_dir / "summary.json").write_text(json.dumps({"env_steps": 1000}))
     lines = (run_dir / provenance.FILE).read_text()
     trainer = Trainer(load_config("acer", [f"resume={run_dir}", "total_frames=1000"]))
     trainer.close()
-    assert (run_dir / provenance.FILE).read_text() == lines
+    assert (run_dir / provenance.FILE).read_text() == lines and (run_dir / "summary.json").is_file()
+    # resumed to train further it is not finished any more: no summary until its new end (a sweep's table says "-")
+    Trainer(load_config("acer", [f"resume={run_dir}", "total_frames=2000"])).close()
+    assert len(provenance.segments(run_dir)) == 3 and not (run_dir / "summary.json").exists()
 
 
 @pytest.mark.parametrize("text, unrecorded", [

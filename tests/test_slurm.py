@@ -433,24 +433,62 @@ def test_ctrl_c_on_a_local_job_checkpoints_it_and_ends_with_one_line(tmp_path):
     assert [p.name for p in (run_dir / "submitit").iterdir()] == [job_log.parent.name]  # no empty "%j" of submitit's
 
 
-def test_the_docstring_examples_pass_every_check_before_submission(tmp_path, monkeypatch):
-    submit = load_submit()
+class Submitted(Exception):
+    """A submission reached the executor: every check before it passed."""
 
-    class Submitted(Exception):
-        """The examples reach the executor: every check before it passed."""
+
+@pytest.fixture
+def unsubmitted(monkeypatch):
+    """submit.py with an executor that raises :class:`Submitted` instead of submitting; (the module, the class)."""
+    submit = load_submit()
 
     def submitted(args, folder):
         raise Submitted
 
+    monkeypatch.setattr(submit, "make_executor", submitted)
+    return submit, Submitted
+
+
+def test_the_docstring_examples_pass_every_check_before_submission(tmp_path, monkeypatch, unsubmitted):
+    submit, _ = unsubmitted
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
-    monkeypatch.setattr(submit, "make_executor", submitted)
     examples = [shlex.split(line, comments=True)[2:] for line in submit.__doc__.splitlines()
                 if line.strip().startswith("python slurm/submit.py") and " tabulate " not in line]
     assert len(examples) == 5
     for argv in examples:
         with pytest.raises(Submitted):
             submit.main(argv)
+
+
+def test_a_swept_key_with_no_effect_is_said_at_submission(tmp_path, unsubmitted, capsys):
+    """A point where a swept key has no effect (LASER's kl_samples without its trust region) trains the same as
+    its neighbour: the run's ``note:`` line is printed by submit.py, once, not only into each job's log."""
+    submit, Submitted = unsubmitted
+    with pytest.raises(Submitted):
+        submit.main(["laser", "preset=cartpole", "laser.trust_region=false", f"run_dir={tmp_path / 'sweep'}",
+                     "--sweep", "laser.kl_samples=1,4", "--local"])
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: laser.kl_samples=1 has no effect with laser.trust_region=false",
+                     "note: laser.kl_samples=4 has no effect with laser.trust_region=false"]
+
+
+def test_a_sweep_into_another_sweeps_directory_is_refused(tmp_path, unsubmitted, capsys):
+    """``--sweep`` into a directory whose ``points.json`` lists other points: refused in one line (it would replace
+    the index, and the table would show the new points alone); the same sweep again reaches the executor."""
+    submit, Submitted = unsubmitted
+    sweep_dir = tmp_path / "sweep"
+    argv = ["acer", "preset=cartpole", f"run_dir={sweep_dir}", "--sweep", "seed=0,1", "--local"]
+    with pytest.raises(Submitted):
+        submit.main(argv)
+    points = submit.plan_points(argv[1:3], "seed=0,1")
+    (sweep_dir / submit.POINTS_FILE).write_text(json.dumps({"runs": submit.plan_runs(sweep_dir.resolve(), points, True)}))
+    with pytest.raises(Submitted):
+        submit.main(argv)
+    assert submit.main([*argv[:-2], "seed=5", "--local"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: run_dir={sweep_dir.resolve()} holds another sweep (points.json: seed=0, seed=1); give another "
+        "run_dir= for this one")
 
 
 @pytest.mark.integration
@@ -481,6 +519,11 @@ def test_tabulate_lists_points_with_and_without_summary(tmp_path, index):
     (tmp_path / index).write_text(json.dumps({"runs": runs}))
     rows = [row.split() for row in submit.tabulate(tmp_path).splitlines()]
     assert rows[1:] == [["seed=0", "100", "9.50", "3.25"], ["seed=1", "-", "-", "-"], ["seed=2", "-", "-", "-"]]
+    # a copy of the sweep (to branch it) reads its own points, not those of the directory it was made in
+    copy = tmp_path.with_name(tmp_path.name + "-copy")
+    shutil.copytree(tmp_path, copy)
+    (copy / "seed=0" / "summary.json").write_text(json.dumps({**finished, "env_steps": 200}))
+    assert [row.split()[:2] for row in submit.tabulate(copy).splitlines()][1] == ["seed=0", "200"]
     (tmp_path / index).write_text('{"runs": [')  # damaged
     if index == "points.json":
         with pytest.raises(submit.SubmitError, match=r"points.json: not a readable list of the sweep's runs"):
