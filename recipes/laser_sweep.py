@@ -55,8 +55,9 @@ def run_sweep_command(argv: list[str], stops) -> int:
     for agent in result["agents"]:
         entropy = f", entropy {agent['entropy_coeff']:.3g}" if agent["entropy_coeff"] is not None else ""
         print(
-            f"agent {agent['agent']}: lr {agent['lr']:.3g}{entropy}: greedy return "
-            f"{agent['eval_return_mean']:.1f} after {agent['env_steps']} env steps"
+            f"agent {agent['agent']}: lr {agent['lr']:.3g}{entropy}: final score {agent['eval_return_mean']:.1f} "
+            f"(mean greedy return of the {agent['final_score_evaluations']} evaluations from step "
+            f"{agent['final_score_from_step']}) after {agent['env_steps']} env steps"
         )
     print(
         f"best agent {result['best_agent']}: {result['best_eval_return_mean']:.1f}; "

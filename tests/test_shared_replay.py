@@ -383,6 +383,10 @@ def test_local_sweep_end_to_end(tmp_path):
     assert not (tmp_path / "agent1" / "checkpoint" / "replay" / "links.pt").exists()
     header = (tmp_path / "metrics.csv").read_text().splitlines()[0]
     assert "agent1_eval_return_mean" in header and "best_eval_return_mean" in header
+    for agent in result["agents"]:  # each agent's score is its final score, as its own summary gives it
+        own = json.loads((Path(agent["run_dir"]) / "summary.json").read_text())
+        assert [agent[k] for k in ("eval_return_mean", "final_score_evaluations", "final_score_from_step")] == [
+            own[k] for k in ("eval_return_mean", "final_score_evaluations", "final_score_from_step")]
 
 
 @pytest.mark.integration

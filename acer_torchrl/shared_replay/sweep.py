@@ -638,7 +638,9 @@ def write_sweep_results(
                 "lr": cfg.optim.lr,
                 "entropy_coeff": getattr(cfg.algo, "entropy_coeff", None),  # LASER's
                 "seed": cfg.seed,
-                "eval_return_mean": summary["eval_return_mean"],
+                "eval_return_mean": summary["eval_return_mean"],  # its final score (metrics.final_score)
+                "final_score_evaluations": summary["final_score_evaluations"],
+                "final_score_from_step": summary["final_score_from_step"],
                 "env_steps": summary["env_steps"],
                 "updates": summary["updates"],
                 "replayed_share_by_agent": [round(n / total, 4) for n in sampled[i]],
