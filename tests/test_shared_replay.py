@@ -387,6 +387,11 @@ def test_local_sweep_end_to_end(tmp_path):
         own = json.loads((Path(agent["run_dir"]) / "summary.json").read_text())
         assert [agent[k] for k in ("eval_return_mean", "final_score_evaluations", "final_score_from_step")] == [
             own[k] for k in ("eval_return_mean", "final_score_evaluations", "final_score_from_step")]
+    # resumed once finished, it trains nothing and leaves its agents' files as they are (as a rank of mode=processes)
+    agent_files = {p: p.read_bytes() for p in tmp_path.glob("agent*/**/*") if p.is_file() and p.name != "run.lock"}
+    again = run([f"resume={tmp_path}"])
+    assert {p: p.read_bytes() for p in agent_files} == agent_files
+    assert [a["eval_return_mean"] for a in again["agents"]] == [a["eval_return_mean"] for a in result["agents"]]
 
 
 @pytest.mark.integration

@@ -287,8 +287,23 @@ def run_sweep(sweep: SweepConfig, overrides: list[str], stop_signals: StopSignal
         SweepAgentTrainer(cfg, AgentReplay(shared, i, len(cfgs), owner=i == 0)) for i, cfg in enumerate(cfgs)
     ]
     record_sweep_start(sweep, sweep_dir, overrides)
+    summaries = [trainer.finished_summary() for trainer in trainers]
+    if None in summaries:
+        summaries = train_agents(sweep, sweep_dir, trainers, stop_signals)
+    else:  # a finished sweep resumed: its agents stay as they are (as a rank's own run does, RunGuard.train)
+        for trainer in trainers:
+            trainer.close()
+    return write_sweep_results(
+        sweep, sweep_dir, cfgs, summaries, [t.log.rows for t in trainers],
+        [t.replay.sampled.tolist() for t in trainers], shared.agent_counts(),
+    )
+
+
+def train_agents(sweep: SweepConfig, sweep_dir: Path, trainers: list, stop_signals: StopSignals | None) -> list[dict]:
+    """The agents trained in turn to their end (:meth:`RunGuard.train_in_turn`); a stop or a helper's death raised
+    again with the sweep's own line (:func:`stop_line`)."""
     try:
-        summaries = RunGuard(stop_signals).train_in_turn(trainers)
+        return RunGuard(stop_signals).train_in_turn(trainers)
     except Interrupted as stop:
         line = stop_line(sweep, sweep_dir)
         if agent_checkpoints(sweep, sweep_dir) is None:  # nothing to resume: no helper is waited for
@@ -296,10 +311,6 @@ def run_sweep(sweep: SweepConfig, overrides: list[str], stop_signals: StopSignal
         raise Interrupted(stop.signum, line) from None
     except HelperDied as death:
         raise HelperDied(death.what, stop_line(sweep, sweep_dir, stopped="")) from None
-    return write_sweep_results(
-        sweep, sweep_dir, cfgs, summaries, [t.log.rows for t in trainers],
-        [t.replay.sampled.tolist() for t in trainers], shared.agent_counts(),
-    )
 
 
 def stop_line(sweep: SweepConfig, sweep_dir: Path, stopped: str = "interrupted ") -> str:
