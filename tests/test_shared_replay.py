@@ -217,6 +217,22 @@ def started_sweep(sweep_dir: Path, argv: list[str]) -> list:
     return cfgs
 
 
+def test_a_mode_changed_on_resume_is_recorded_beside_the_sweeps_keys(tmp_path):
+    """``mode`` (or the port) may change on resume; ``sweep.json`` keeps the keys the sweep started with and
+    ``resumes.jsonl`` gets what changed, with each agent's env steps then (none without checkpoints). The same keys
+    again record nothing."""
+    from acer_torchrl.shared_replay.sweep import record_sweep_start, resumed_sweep
+
+    started_sweep(tmp_path, ["agents=2", "preset=cartpole"])
+    keys = (tmp_path / "sweep.json").read_text()
+    for mode in ("local", "processes"):
+        sweep, overrides = parse_sweep_args([f"resume={tmp_path}", f"mode={mode}"])
+        record_sweep_start(resumed_sweep(tmp_path, {"mode": sweep.mode}), tmp_path, overrides)
+    assert (tmp_path / "sweep.json").read_text() == keys
+    (record,) = [json.loads(line) for line in (tmp_path / "resumes.jsonl").read_text().splitlines()]
+    assert record == {"env_steps_by_agent": [], "changed": {"mode": {"from": "local", "to": "processes"}}}
+
+
 def test_every_sweep_key_on_resume_is_refused_or_reaches_the_live_agents(tmp_path, monkeypatch):
     """Each sweep key given again on resume: the agents and their grid (what each agent's saved config was made from)
     are refused in one line when changed; the others reach the sweep that runs (the drivers, stubbed here, get them,

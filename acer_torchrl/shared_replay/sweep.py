@@ -193,9 +193,20 @@ def _show_value(value: Any) -> str:
 
 def record_sweep_start(sweep: SweepConfig, sweep_dir: Path, overrides: list[str]) -> None:
     """``sweep_dir/sweep.json``: the sweep's keys, written when it starts, once its agents have claimed their run
-    directories (a resumed sweep keeps the file; :func:`resumed_sweep` reads it)."""
+    directories. A resumed sweep keeps the file (:func:`resumed_sweep` reads it) and appends the keys it runs with
+    otherwise (``mode``, the port) to ``sweep_dir/resumes.jsonl``, with each agent's env steps then: the sweep's
+    ``summary.json`` gives the last segment's alone."""
     if override_value(overrides, "resume") is None:
         (sweep_dir / SWEEP_FILE).write_text(json.dumps(asdict(sweep), indent=2))
+        return
+    saved = json.loads((sweep_dir / SWEEP_FILE).read_text())
+    changed = {key: {"from": saved.get(key), "to": value} for key, value in asdict(sweep).items()
+               if saved.get(key) != value}
+    if changed:
+        checkpoints = agent_checkpoints(sweep, sweep_dir) or []
+        steps = [json.loads((c / "counters.json").read_text())["env_steps"] for c in checkpoints]
+        with open(sweep_dir / "resumes.jsonl", "a") as f:
+            f.write(json.dumps({"env_steps_by_agent": steps, "changed": changed}) + "\n")
 
 
 PER_AGENT_KEYS = ("optim.lr", "laser.entropy_coeff", "seed")  # agent i's: base x its grid factors, base seed + i
