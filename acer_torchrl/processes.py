@@ -196,8 +196,7 @@ class RunGuard:
                                 run.checkpoint()  # the requeued job resumes from this batch
                             requeue, self.held_requeue = self.held_requeue, None
                             requeue()  # submitit: requeue, then exit (a job's other tasks: returns, goes on)
-            with self.deferring_stops():
-                return [run.finish() for run in runs]
+            return self.finish(runs)
         except Interrupted as stop:
             where = self.stop_early(runs) if self.stop_signals is not None else None
             raise Interrupted(stop.signum, f"interrupted {where}" if where else None) from None
@@ -206,6 +205,19 @@ class RunGuard:
         finally:
             for run in runs:
                 run.close()
+
+    def finish(self, runs: Sequence[SteppedRun]) -> list[dict]:
+        """Every run's ``finish()`` (its final evaluation and ``summary.json``), which a stop waits for. A stop that
+        came meanwhile ends nothing more: the runs are finished, their summaries are returned (a line saying
+        "interrupted" and a resume command would say otherwise of a complete run)."""
+        summaries = None
+        try:
+            with self.deferring_stops():
+                summaries = [run.finish() for run in runs]
+        except Interrupted:
+            if summaries is None:  # a stop dropped before the block (StopSignals.deferred): nothing finished
+                raise
+        return summaries
 
     @staticmethod
     def stop_early(runs: Sequence[SteppedRun]) -> str | None:

@@ -571,6 +571,26 @@ def test_run_guard_lets_the_step_in_hand_end_before_a_stop_or_a_requeue(monkeypa
     assert fake.calls == ["step 0", "step 1", "checkpoint", "requeue", "close"]
 
 
+def test_a_stop_during_the_final_evaluation_lets_the_run_end_finished():
+    """A stop that comes while ``finish()`` plays the final evaluation and writes ``summary.json`` waits for it and
+    then ends nothing more: the run is finished and says so (before, it said "interrupted" with a resume command)."""
+    from acer_torchrl.processes import RunGuard, StopSignals
+
+    class StoppedInFinish(_SignalledRun):
+        def finish(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+            return super().finish()
+
+    stops = StopSignals().install()
+    try:
+        fake = StoppedInFinish(None, batches=2)
+        assert RunGuard(stops).train(fake) == {}
+    finally:
+        stops.restore()
+    assert fake.calls == ["step 0", "step 1", "stop_collecting", "finish", "close"]
+
+
 def test_a_stop_the_guard_did_not_defer_saves_nothing():
     """A sweep's rank installs the stop signals itself (its guard has none): a stop lands wherever the rank is, inside
     a batch too, so the guard saves nothing (no ``stop_early``: a checkpoint of half a batch would not agree with
