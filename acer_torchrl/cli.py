@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from acer_torchrl.checkpoint import CheckpointError
 from acer_torchrl.commands import shell_command
-from acer_torchrl.config import ConfigError, load_config, override_value, repeated_settings, unused_settings
+from acer_torchrl.config import ConfigError, config_notes, load_config, override_value
 from acer_torchrl.processes import HelperDied, Interrupted, StopSignals
 from acer_torchrl.rundir import refuse_sweep_resume
 
@@ -32,7 +32,7 @@ def run(recipe: str, overrides: list[str], stop_signals: StopSignals | None = No
     refuse_sweep_resume(override_value(overrides, "resume"))
     cfg = load_config(recipe, overrides)
     trainer = Trainer(cfg, remote)
-    for note in [*repeated_settings(overrides), *unused_settings(cfg, overrides)]:
+    for note in config_notes(cfg, overrides):
         print(note, file=sys.stderr)
     return RunGuard(stop_signals).train(trainer)
 

@@ -478,6 +478,11 @@ def unknown_preset(preset: str, loss: str, presets: dict[str, dict]) -> ConfigEr
     return ConfigError(f"unknown preset '{preset}' for loss={loss}; choose one of {', '.join(presets)}")
 
 
+def config_notes(cfg: Config, overrides: list[str]) -> list[str]:
+    """The ``note:`` lines a run of ``overrides`` prints at its start: keys given twice, keys it reads nowhere."""
+    return [*repeated_settings(overrides), *unused_settings(cfg, overrides)]
+
+
 def unused_settings(cfg: Config, overrides: list[str]) -> list[str]:
     """A note for each key of ``overrides`` (the command line) that ``cfg``'s run reads nowhere
     (:meth:`Config.unused_keys`): legitimately unused (e.g. a sweep over ``network.lstm``), so said once at start

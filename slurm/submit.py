@@ -43,7 +43,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from acer_torchrl.cli import with_stop_signals
 from acer_torchrl.cluster import RecipeJob
 from acer_torchrl.commands import OneLineErrors, shell_command
-from acer_torchrl.config import ConfigError, override_value, repeated_settings, unused_settings, without_keys
+from acer_torchrl.config import ConfigError, config_notes, override_value, without_keys
 from acer_torchrl.metrics import read_summary
 from acer_torchrl.processes import Interrupted
 from acer_torchrl.rundir import (SWEEP_FILE, check_dir_name, default_run_dir, lock_run_dir, make_writable_dir,
@@ -108,8 +108,7 @@ def say_config_notes(points: list, configs: list) -> None:
     """The ``note:`` lines each run prints at its start (a key given twice, a key its run reads nowhere), here at
     submission, each once: a swept key that has no effect at some point (the table would show points that differ by
     nothing) is said before the jobs wait in the queue, not only in their logs."""
-    notes = [note for (_, point_overrides), cfg in zip(points, configs)
-             for note in (*repeated_settings(point_overrides), *unused_settings(cfg, point_overrides))]
+    notes = [note for (_, point_overrides), cfg in zip(points, configs) for note in config_notes(cfg, point_overrides)]
     for note in dict.fromkeys(notes):
         print(note, file=sys.stderr)
 
@@ -386,9 +385,10 @@ def submit(args: argparse.Namespace) -> int:
     if given_dir:
         check_dir_name(given_dir, "run_dir")
         top_dir = Path(given_dir).resolve()
-        check_run_dirs(plan_runs(top_dir, points, args.sweep is not None), configs)
+        planned = plan_runs(top_dir, points, args.sweep is not None)
+        check_run_dirs(planned, configs)
         if args.sweep:
-            refuse_another_sweep(top_dir, plan_runs(top_dir, points, True))
+            refuse_another_sweep(top_dir, planned)
     require_slurm(args)
     if not given_dir:
         top_dir = default_run_dir(configs[0], sweep=args.sweep is not None).resolve()

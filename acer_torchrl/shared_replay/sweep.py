@@ -203,9 +203,8 @@ def record_sweep_start(sweep: SweepConfig, sweep_dir: Path, overrides: list[str]
     changed = {key: {"from": saved.get(key), "to": value} for key, value in asdict(sweep).items()
                if saved.get(key) != value}
     if changed:
-        checkpoints = agent_checkpoints(sweep, sweep_dir) or []
-        steps = [json.loads((c / "counters.json").read_text())["env_steps"] for c in checkpoints]
         with open(sweep_dir / "resumes.jsonl", "a") as f:
+            steps = agent_checkpoint_steps(sweep, sweep_dir) or []
             f.write(json.dumps({"env_steps_by_agent": steps, "changed": changed}) + "\n")
 
 
@@ -327,10 +326,9 @@ def train_agents(sweep: SweepConfig, sweep_dir: Path, trainers: list, stop_signa
 def stop_line(sweep: SweepConfig, sweep_dir: Path, stopped: str = "interrupted ") -> str:
     """What a stopped sweep says (after ``stopped``): the env steps of each agent's latest checkpoint and the resume
     command, or that an agent has none, so the sweep cannot resume (:func:`sweep_resume_argv`)."""
-    saved = agent_checkpoints(sweep, sweep_dir)
-    if saved is None:
+    steps = agent_checkpoint_steps(sweep, sweep_dir)
+    if steps is None:
         return f"{stopped}before every agent had a checkpoint: nothing to resume"
-    steps = [json.loads((checkpoint / "counters.json").read_text())["env_steps"] for checkpoint in saved]
     return (f"{stopped}at {', '.join(map(str, steps))} env steps (agent by agent); continue with: "
             f"{shell_command('recipes/laser_sweep.py', f'resume={sweep_dir}')}")
 
@@ -574,6 +572,12 @@ def agent_checkpoints(sweep: SweepConfig, sweep_dir: Path) -> list[Path] | None:
         return [latest_checkpoint(sweep_dir / f"agent{i}") for i in range(sweep.agents)]
     except CheckpointError:
         return None
+
+
+def agent_checkpoint_steps(sweep: SweepConfig, sweep_dir: Path) -> list[int] | None:
+    """The env steps of each agent's latest checkpoint (:func:`agent_checkpoints`); None unless every agent has one."""
+    saved = agent_checkpoints(sweep, sweep_dir)
+    return None if saved is None else [json.loads((c / "counters.json").read_text())["env_steps"] for c in saved]
 
 
 class SweepTask(submitit.helpers.Checkpointable):
