@@ -96,6 +96,17 @@ def segments(run_dir: Path) -> list[dict | None]:
     return records
 
 
+def contributing(records: list[dict | None]) -> list[dict | None]:
+    """The segments of :func:`segments` that the run's record comes from: a segment followed by one from the same env
+    steps left nothing in it (it stopped before its first checkpoint, or its resume failed before training, and the
+    next one went back to the same checkpoint), so it is left out; ``provenance.jsonl`` keeps every line."""
+    def steps(record: dict | None) -> int | None:
+        return None if record is None else record.get("from_env_steps")
+
+    return [r for r, after in zip(records, [*records[1:], None])
+            if steps(r) is None or steps(r) != steps(after)]
+
+
 def summarize(records: list[dict | None], kind: str = "segments") -> dict[str, str]:
     """``code``, ``machine`` and ``date`` of several records (a run's segments, a benchmark row's invocations: the
     ``kind``): each distinct value once, in order; ``(some <kind> unrecorded)`` after the code where one is None."""

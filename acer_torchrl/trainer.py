@@ -45,7 +45,7 @@ from acer_torchrl.objectives.names import BEHAVIOUR, PRIORITY_KEY, PRIORITY_WEIG
 from acer_torchrl.optim import DirectStep, make_optimiser, optimiser_name, optimiser_settings
 from acer_torchrl.processes import HelperDied, RunGuard, StopSignals
 from acer_torchrl.priority_tree import SequencePriorities
-from acer_torchrl.provenance import record_segment, segments, summarize
+from acer_torchrl.provenance import contributing, record_segment, segments, summarize
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay, unprioritized
 from acer_torchrl.rundir import default_run_dir, prepare_run_dir
 from acer_torchrl.settings import get_algorithm
@@ -215,6 +215,11 @@ class Trainer:
             name, there, here = shapes[0]
             raise CheckpointError(f"{source} does not match this configuration: {name} is {there} there, {here} here "
                                   "(another network or env)")
+        support = mine.get("support")  # a distributional critic's atoms: what its outputs mean, set by the config
+        if support is not None and "support" in state["loss"] and not torch.equal(state["loss"]["support"], support):
+            saved = state["loss"]["support"]
+            raise CheckpointError(f"{source} holds a distributional critic on [{saved[0]:g}, {saved[-1]:g}], this run's "
+                                  f"is on [{support[0]:g}, {support[-1]:g}] (reactor.v_min, reactor.v_max)")
         try:
             keys = self.loss.load_state_dict(state["loss"], strict=False)
             if keys.missing_keys or keys.unexpected_keys:
@@ -733,7 +738,7 @@ class Trainer:
             "restarts": c.restarts,
             "health": self.health.summary(),  # ok, or diverged at its first bad update (acer_torchrl.health)
             # the code and machines of the run's segments (provenance.jsonl: each one's packages too) and its dates
-            **summarize(segments(self.run_dir)),
+            **summarize(contributing(segments(self.run_dir))),
             "run_dir": str(self.run_dir),
         }
         path = self.run_dir / "summary.json"

@@ -159,3 +159,19 @@ def test_cut_weights_into_a_directory_is_one_line_and_leaves_no_temporary_file(t
     with pytest.raises(CheckpointError, match="is a directory: give the weights file's path"):
         cut_weights(run_dir, out)
     assert list(tmp_path.iterdir()) == [out] and not list(out.iterdir())
+
+
+def test_weights_of_a_distributional_critic_on_another_support_are_one_line(tmp_path):
+    """The atoms' values come from the config (``reactor.v_min``, ``reactor.v_max``), not from the file: a critic
+    trained on another support is refused (before, the file's support replaced the configured one without a word,
+    while config.yaml recorded the configured one)."""
+    tiny = [*TINY, "reactor.distributional=true", "reactor.updates_per_batch=1"]
+    run("reactor", [*tiny, "reactor.v_min=0", "reactor.v_max=1000", "total_frames=288",
+                    f"run_dir={tmp_path / 'first'}"])
+    cut_weights(tmp_path / "first", tmp_path / "weights.pt")
+    with pytest.raises(CheckpointError) as err:
+        run("reactor", [*tiny, "reactor.v_min=0", "reactor.v_max=100", "total_frames=576",
+                        f"init_from={tmp_path / 'weights.pt'}", f"run_dir={tmp_path / 'second'}"])
+    assert str(err.value) == (f"init_from={tmp_path / 'weights.pt'} holds a distributional critic on [0, 1000], this "
+                              "run's is on [0, 100] (reactor.v_min, reactor.v_max)")
+

@@ -76,9 +76,13 @@ def test_each_segment_that_trains_is_recorded_from_its_env_steps(tmp_path):
     ('{"from_env_steps": 500, "code": "a", "machine": "m", "date": "d1"}\n', True),  # begun before runs recorded it
     ('{"from_env_steps": 0, "code": "a", "machine": "m", "date": "d1"}\n'
      '{"from_env_steps": 500, "code": "b", "machine": "m", "date": "d2"}\n', False),
+    # a segment that trained nothing (its resume failed, or it stopped before its first checkpoint) is not the run's
+    ('{"from_env_steps": 0, "code": "a", "machine": "m", "date": "d1"}\n'
+     '{"from_env_steps": 500, "code": "c", "machine": "gpu", "date": "d3"}\n'
+     '{"from_env_steps": 500, "code": "b", "machine": "m", "date": "d2"}\n', False),
 ])
 def test_segments_that_were_not_recorded_are_said_to_be_missing(tmp_path, text, unrecorded):
     (tmp_path / provenance.FILE).write_text(text)
-    summary = provenance.summarize(provenance.segments(tmp_path))
+    summary = provenance.summarize(provenance.contributing(provenance.segments(tmp_path)))
     assert summary["code"] == ("a (some segments unrecorded)" if unrecorded else "a, b")
     assert summary["date"] == ("d1" if unrecorded else "d1 to d2") and summary["machine"] == "m"
