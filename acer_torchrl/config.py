@@ -543,13 +543,19 @@ def is_run_defining(key: str) -> bool:
     return key not in APPLIED_ON_RESUME and key not in RESUME_BOOKKEEPING
 
 
-def run_defining_settings(cfg: Config) -> dict[str, Any]:
-    """``cfg``'s run-defining keys and their values (lists for tuples): what a checkpoint keeps of the settings it was
-    trained with, so that a resume whose ``config.yaml`` was edited by hand is refused (:func:`edited_settings`)."""
+def trained_settings(cfg: Config) -> dict[str, Any]:
+    """``cfg``'s keys and their values (lists for tuples), but where the run lives: what a checkpoint keeps of the
+    settings it was trained with, so that a resume whose ``config.yaml`` was edited by hand is refused where the edit
+    is run-defining (:func:`edited_settings`) and recorded as a change where it is applied (:func:`resume_changes`)."""
     def plain(value: Any) -> Any:
         return [plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
-    return {k: plain(v) for k, v in flat_settings(cfg).items() if is_run_defining(k)}
+    return {k: plain(v) for k, v in flat_settings(cfg).items() if k not in RESUME_BOOKKEEPING}
+
+
+def run_defining_settings(cfg: Config) -> dict[str, Any]:
+    """``cfg``'s run-defining keys and their values (:func:`trained_settings`)."""
+    return {k: v for k, v in trained_settings(cfg).items() if is_run_defining(k)}
 
 
 def differing_settings(now: dict[str, Any], then: dict[str, Any]) -> list[str]:
@@ -605,12 +611,12 @@ def flat_settings(cfg: Config) -> dict[str, Any]:
     return walk(to_dict(cfg), "")
 
 
-def resume_changes(cfg: Config) -> dict[str, tuple[Any, Any]]:
-    """The settings in which ``cfg`` (a ``resume=<run_dir>`` config) differs from that run's ``config.yaml``:
-    ``{key: (saved value, value now)}``."""
-    before = flat_settings(_saved_config(Path(cfg.resume) / "config.yaml", cfg.resume))
-    now = flat_settings(cfg)
-    return {k: (before.get(k), v) for k, v in now.items() if k not in RESUME_BOOKKEEPING and before.get(k) != v}
+def resume_changes(cfg: Config, trained_with: dict[str, Any] | None = None) -> dict[str, tuple[Any, Any]]:
+    """The settings in which ``cfg`` (a ``resume=<run_dir>`` config) differs from that run's ``config.yaml``, or from
+    ``trained_with`` (the settings its checkpoint recorded: :func:`trained_settings`) for the keys that holds:
+    ``{key: (value before, value now)}``."""
+    before = {**trained_settings(_saved_config(Path(cfg.resume) / "config.yaml", cfg.resume)), **(trained_with or {})}
+    return {k: (before.get(k), v) for k, v in trained_settings(cfg).items() if before.get(k) != v}
 
 
 MAX_CONFIG_BYTES = 64 * 1024  # a run's config.yaml holds ~100 keys in a few KB

@@ -34,7 +34,7 @@ from acer_torchrl.checkpoint import CheckpointError, load_checkpoint, load_weigh
 from acer_torchrl.collectors import RemoteCollection, copy_weights_, make_collector, make_remote_collector
 from acer_torchrl.commands import shell_command
 from acer_torchrl.config import (Config, ConfigError, differing_settings, dump_yaml, edited_settings, resume_changes,
-                                 run_defining_settings)
+                                 trained_settings)
 from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config, evaluation_seed
 from acer_torchrl.health import Health, ReLUActivity, most_dead_layer
@@ -142,6 +142,7 @@ class Trainer:
         # rows waiting for their evaluation: (env_steps, updates, wall_s, metrics, evaluation_settings())
         self._awaiting: deque = deque()
         self._saved_steps: int | None = None  # env steps of the run's latest checkpoint (None: none yet)
+        self._trained_with: dict = {}  # the settings the resumed checkpoint was trained with
         try:
             if cfg.resume:
                 self._resume()
@@ -180,13 +181,15 @@ class Trainer:
             # a target network's copy schedule (TorchRL's HardUpdate counts its steps) survives a restart
             "updater_counters": [int(getattr(u, "counter", 0)) for u in self.agent.updaters],
             **({"estimates": self.agent.estimates.state_dict()} if self.agent.estimates is not None else {}),
-            # the run-defining settings it was trained with: a resume from a hand-edited config.yaml is refused
-            "settings": run_defining_settings(self.cfg),
+            # the settings it was trained with: a resume from a config.yaml edited by hand is refused (a run-defining
+            # key) or records the edit as a change (an applied one)
+            "settings": trained_settings(self.cfg),
         }
 
     def _resume(self) -> None:
         state, counters = load_checkpoint(self.run_dir, self.replay)
-        edited = edited_settings(self.cfg, state.get("settings", {}))  # (a checkpoint of before 2026-11-29: none)
+        self._trained_with = state.get("settings", {})  # (a checkpoint of before 2026-11-29: none)
+        edited = edited_settings(self.cfg, self._trained_with)
         if edited is not None:
             raise edited
         self.load_learner(state, f"checkpoint in {self.run_dir}", estimates=True)
@@ -299,7 +302,10 @@ class Trainer:
         cfg, c = self.cfg, self.counters
         remaining = cfg.total_frames - c.env_steps
         if remaining <= 0:
-            if cfg.total_frames < c.env_steps and not (self.run_dir / "summary.json").is_file():
+            # the run's own total_frames (its checkpoint's): its last batch may have gone past it (whole batches)
+            trained_to = resume_changes(cfg, self._trained_with).get("total_frames", (cfg.total_frames,))[0]
+            lowered = cfg.total_frames < c.env_steps and cfg.total_frames < trained_to
+            if lowered and not (self.run_dir / "summary.json").is_file():
                 raise ConfigError(f"resume={self.run_dir}: total_frames={cfg.total_frames} is below the "
                                   f"{c.env_steps} env steps the run already took; give total_frames >= {c.env_steps}")
             return
@@ -345,14 +351,26 @@ class Trainer:
                   "env steps is what the run continues from)", file=sys.stderr)
 
     def record_resume_changes(self) -> None:
-        """The settings this resume changed (only those that leave the run itself alone get here, e.g.
-        ``total_frames=``): ``config.yaml`` says what trains from now on, ``resumes.jsonl`` what changed when."""
-        changes = resume_changes(self.cfg)
+        """The settings this resume changed against those its checkpoint was trained with (only those that leave the
+        run itself alone get here, e.g. ``total_frames=``): ``config.yaml`` says what trains from now on,
+        ``resumes.jsonl`` what changed when. A change that ``config.yaml`` already held (edited by hand) gets a
+        ``note:`` line; a record equal to the file's last one (a resume killed before its first checkpoint, resumed
+        again) is not written twice."""
+        changes = resume_changes(self.cfg, self._trained_with)
         if not changes:
             return
-        record = {"env_steps": self.counters.env_steps, "changed": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
-        with open(self.run_dir / "resumes.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        record = json.dumps({"env_steps": self.counters.env_steps,
+                             "changed": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}})
+        path = self.run_dir / "resumes.jsonl"
+        if path.exists() and path.read_text().splitlines()[-1:] == [record]:
+            return
+        given = resume_changes(self.cfg)
+        for key in (k for k in changes if k not in given):
+            print(f"note: resume={self.run_dir}: config.yaml holds {key}={changes[key][1]}, not the "
+                  f"{changes[key][0]} its checkpoint was trained with (edited by hand?); applied from "
+                  f"{self.counters.env_steps} env steps, recorded in resumes.jsonl", file=sys.stderr)
+        with open(path, "a") as f:
+            f.write(record + "\n")
         dump_yaml(dataclasses.replace(self.cfg, resume=None), self.run_dir / "config.yaml")
 
     def sync_acting_policy(self) -> None:

@@ -205,6 +205,29 @@ def test_a_config_yaml_edited_by_hand_is_refused_on_resume(tmp_path):
                               "a new run to change them")
 
 
+def test_an_applied_setting_edited_by_hand_in_config_yaml_is_recorded_as_a_change(tmp_path, capsys):
+    """optim.lr changed in config.yaml, not on the command line: the resume applies it (an applied key) and records it
+    against the value the checkpoint was trained with, in resumes.jsonl and a note: line (before, config.yaml said the
+    new rate for the whole run and nothing recorded the change). A resume killed before its next checkpoint and
+    resumed again records it once."""
+    tiny_checkpoint("acer", tmp_path)
+    saved = tmp_path / "config.yaml"
+    lr = [line for line in saved.read_text().splitlines() if line.strip().startswith("lr: ")][0]
+    saved.write_text(saved.read_text().replace(lr, lr.split(":")[0] + ": 0.123"))
+    for _ in range(2):
+        trainer = Trainer(load_config("acer", [f"resume={tmp_path}"]))
+        try:
+            assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.123 * trainer.lr_schedule())
+        finally:
+            trainer.close()
+    (record,) = [json.loads(line) for line in (tmp_path / "resumes.jsonl").read_text().splitlines()]
+    assert record == {"env_steps": SAVED_STEPS, "changed": {"optim.lr": {"from": float(lr.split()[1]), "to": 0.123}}}
+    (note,) = capsys.readouterr().err.strip().splitlines()
+    assert note == (f"note: resume={tmp_path}: config.yaml holds optim.lr=0.123, not the {float(lr.split()[1])} its "
+                    f"checkpoint was trained with (edited by hand?); applied from {SAVED_STEPS} env steps, recorded "
+                    "in resumes.jsonl")
+
+
 def test_weights_of_another_shape_are_named_in_the_one_line(tmp_path):
     """A checkpoint of another network (one from before checkpoints kept their settings, or another env): the line
     names the first tensor whose shape differs and both shapes (before: the first line of tensordict's error, which
@@ -318,6 +341,21 @@ def test_a_resume_below_the_steps_taken_is_refused(tmp_path):
         Trainer(load_config("acer", [f"resume={tmp_path}", "total_frames=500"]))
     assert not (tmp_path / "resumes.jsonl").exists()
     Trainer(load_config("acer", [f"resume={tmp_path}", "total_frames=1000"])).close()  # the lock was released
+
+
+def test_a_run_stopped_past_its_total_frames_before_its_summary_resumes_to_write_it(tmp_path):
+    """The last batch goes past total_frames (whole batches): a run stopped after it, before its summary.json, resumes
+    with the command it printed (before: refused, 'total_frames=4000 is below the 4032 env steps'); a total_frames
+    given below its own is still refused."""
+    trainer = Trainer(load_config("acer", [f"preset={PRESETS['acer']}", f"run_dir={tmp_path}", *TINY]))
+    try:
+        trainer.counters.env_steps, trainer.counters.updates = 4032, 1
+        trainer.checkpoint()
+    finally:
+        trainer.close()
+    Trainer(load_config("acer", [f"resume={tmp_path}"])).close()
+    with pytest.raises(ConfigError, match="total_frames=3000 is below the 4032 env steps the run already took"):
+        Trainer(load_config("acer", [f"resume={tmp_path}", "total_frames=3000"]))
 
 
 def test_help_shows_the_values_of_the_preset_given(capsys):
