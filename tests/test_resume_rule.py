@@ -30,11 +30,11 @@ TINY = ["collector.workers=0", "log.progress=false", "network.hidden=16", "repla
 SAVED_STEPS = 1000  # the tiny checkpoint's env steps: the schedules and the step size depend on them
 
 
-def tiny_checkpoint(algo: str, run_dir: Path) -> None:
-    """A run of ``algo`` saved at :data:`SAVED_STEPS` env steps (with one update) without collecting anything."""
+def tiny_checkpoint(algo: str, run_dir: Path, env_steps: int = SAVED_STEPS) -> None:
+    """A run of ``algo`` saved at ``env_steps`` (with one update) without collecting anything."""
     trainer = Trainer(load_config(algo, [f"preset={PRESETS[algo]}", f"run_dir={run_dir}", *TINY]))
     try:
-        trainer.counters.env_steps, trainer.counters.updates = SAVED_STEPS, 1
+        trainer.counters.env_steps, trainer.counters.updates = env_steps, 1
         trainer.checkpoint()
     finally:
         trainer.close()
@@ -347,12 +347,7 @@ def test_a_run_stopped_past_its_total_frames_before_its_summary_resumes_to_write
     """The last batch goes past total_frames (whole batches): a run stopped after it, before its summary.json, resumes
     with the command it printed (before: refused, 'total_frames=4000 is below the 4032 env steps'); a total_frames
     given below its own is still refused."""
-    trainer = Trainer(load_config("acer", [f"preset={PRESETS['acer']}", f"run_dir={tmp_path}", *TINY]))
-    try:
-        trainer.counters.env_steps, trainer.counters.updates = 4032, 1
-        trainer.checkpoint()
-    finally:
-        trainer.close()
+    tiny_checkpoint("acer", tmp_path, env_steps=4032)
     Trainer(load_config("acer", [f"resume={tmp_path}"])).close()
     with pytest.raises(ConfigError, match="total_frames=3000 is below the 4032 env steps the run already took"):
         Trainer(load_config("acer", [f"resume={tmp_path}", "total_frames=3000"]))
