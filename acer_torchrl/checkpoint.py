@@ -266,15 +266,27 @@ def cut_weights(run_dir: Path, out: Path, max_bytes: int = WEIGHTS_MAX_BYTES) ->
 
     if out.is_dir():
         raise CheckpointError(f"{out} is a directory: give the weights file's path (e.g. {out / 'weights.pt'})")
+    from acer_torchrl.provenance import contributing, segments
+
     state, counters = load_checkpoint(run_dir)
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    # the settings the checkpoint was trained with, not config.yaml's (a file anyone can edit)
+    trained = state.get("settings")
+    if not trained:  # a checkpoint of before they were kept: config.yaml's
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        trained = {"loss": config["loss"], "env.name": config["env"]["name"], "seed": config.get("seed"),
+                   **{f"network.{k}": v for k, v in config["network"].items()}}
     weights = {
-        "algorithm": config["loss"],
-        "env": config["env"]["name"],
-        "network": config["network"],  # what the weights' shapes do not say (the activation): compared by init_from
+        "algorithm": trained["loss"],
+        "env": trained["env.name"],
+        # what the weights' shapes do not say (the activation): compared by init_from
+        "network": {k.removeprefix("network."): v for k, v in trained.items() if k.startswith("network.")},
         "loss": state["loss"],
         "updater_counters": state.get("updater_counters", []),
         "counters": {k: v for k, v in counters.items() if k not in NOT_CARRIED},
+        # where they come from: the run (its directory, seed) and what it ran on, for the new run's provenance.jsonl
+        "source": {"run_dir": str(run_dir.resolve()), "seed": trained.get("seed"),
+                   "segments": [r for r in contributing(segments(run_dir))
+                                if r is None or r["from_env_steps"] < counters["env_steps"]]},
     }
     if "estimates" in state:  # its tensors: the statistics (a dict of per-step columns stays with the replay)
         weights["estimates"] = {k: v for k, v in state["estimates"].items() if isinstance(v, torch.Tensor)}
@@ -297,8 +309,20 @@ def cut_weights(run_dir: Path, out: Path, max_bytes: int = WEIGHTS_MAX_BYTES) ->
 def load_weights(path: Path) -> dict:
     """A weights file of :func:`cut_weights` (read without unpickling); a one-line :class:`CheckpointError` when
     ``path`` is missing or not one."""
+    import zipfile
+
     import torch
 
+    try:
+        with zipfile.ZipFile(path) as archive:  # torch.load does not check the members' CRC-32
+            damaged = archive.testzip()
+    except OSError as err:
+        raise CheckpointError(f"init_from={path} cannot be read ({os_reason(err)})") from None
+    except zipfile.BadZipFile:
+        damaged = None  # not a torch file: torch.load says so below
+    if damaged is not None:
+        raise CheckpointError(f"init_from={path} is damaged ({damaged} fails its CRC-32 check); cut it again from its "
+                              "run directory with benchmarks/gpu/cut_weights.py")
     try:
         weights = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # noqa: BLE001 - any failure here means the file is unusable

@@ -10,6 +10,7 @@ row.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -74,10 +75,37 @@ def this_process(code_paths: tuple[str, ...] = CODE_PATHS) -> dict:
             "packages": packages()}
 
 
-def record_segment(run_dir: Path, env_steps: int) -> None:
-    """Append this process's record (:func:`this_process`) to ``<run_dir>/provenance.jsonl``, from ``env_steps``."""
+def record_segment(run_dir: Path, env_steps: int, inherited: dict | None = None) -> None:
+    """Append this process's record (:func:`this_process`) to ``<run_dir>/provenance.jsonl``, from ``env_steps``.
+
+    ``inherited``: a new run from another run's weights (``init_from``; :func:`~acer_torchrl.checkpoint.cut_weights`
+    keeps its ``source``): that run's segments come first, each naming its ``run_dir``, and this one says
+    ``init_from`` (the file, its SHA-256, the run and seed it was cut from)."""
+    lines = []
+    if inherited is not None:
+        source = inherited["source"]
+        lines = [None if r is None else {**r, "run_dir": source["run_dir"]} for r in source["segments"]]
+        extra = {"init_from": {k: inherited[k] for k in ("path", "sha256")} | {"run_dir": source["run_dir"],
+                                                                                 "seed": source["seed"]}}
+    else:
+        extra = {}
+    lines.append({"from_env_steps": env_steps, **this_process(), **extra})
     with open(run_dir / FILE, "a") as f:
-        f.write(json.dumps({"from_env_steps": env_steps, **this_process()}) + "\n")
+        f.write("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file ``path`` (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def started_from(records: list[dict | None]) -> dict:
+    """``{"init_from": ...}`` of a run begun from another run's weights (:func:`record_segment`), else ``{}``."""
+    return next(({"init_from": r["init_from"]} for r in records if r is not None and "init_from" in r), {})
 
 
 def segments(run_dir: Path) -> list[dict | None]:

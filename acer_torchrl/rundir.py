@@ -42,6 +42,7 @@ RUN_FILES = (
     "tensorboard", "wandb", "checkpoint", "checkpoint.tmp", "checkpoint.old", "replay_storage", "resumes.jsonl",
     "summary.json.tmp", "provenance.jsonl",
 )
+ASIDE = ".overwritten"  # an overwritten run's files while the new run is built (rundir.set_old_run_aside)
 LOCK_FILE = "run.lock"  # never deleted (overwrite=true leaves it): a new file would be a second lock
 FINISHED_MARKS = ("summary.json", "checkpoint", "checkpoint.old")
 SWEEP_FILE = "sweep.json"  # the sweep's keys as it started, in its directory: what a resume reads back
@@ -167,7 +168,7 @@ def prepare_run_dir(path: Path, *, resume: bool, overwrite: bool) -> tuple[Path,
     lock = lock_run_dir(path, key)
     try:
         if not resume:  # the run overwritten, or what a run killed before its first checkpoint left (its event files
-            delete_old_run(path)  # would run on into this run's TensorBoard / W&B logs)
+            set_old_run_aside(path)  # would run on into this run's TensorBoard / W&B logs)
     except BaseException:
         lock.close()
         raise
@@ -178,13 +179,48 @@ def delete_old_run(path: Path) -> None:
     """Delete the files of the run ``path`` holds or of one that left no checkpoint (only those, the lock file left)."""
     try:
         for name in RUN_FILES:
-            target = path / name
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            elif target.exists() or target.is_symlink():
-                target.unlink()
+            _delete(path / name)
     except OSError as err:
         raise ConfigError(f"run_dir={path}: cannot delete the old run's {err.filename or path} ({err.strerror})") from None
+
+
+def _delete(target: Path) -> None:
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    elif target.exists() or target.is_symlink():
+        target.unlink()
+
+
+def set_old_run_aside(path: Path) -> None:
+    """Move the files of the run ``path`` holds (:data:`RUN_FILES`) into ``path/.overwritten`` while the new run is
+    built: :func:`restore_old_run` puts them back when it is refused (an ``init_from`` that does not fit, a
+    ``total_frames`` too low), :func:`drop_old_run` deletes them once it is built. (An aside left by a process killed
+    meanwhile is of a run that was being overwritten: deleted.)"""
+    aside = path / ASIDE
+    try:
+        _delete(aside)
+        held = [name for name in RUN_FILES if (path / name).exists() or (path / name).is_symlink()]
+        if held:
+            aside.mkdir()
+            for name in held:
+                (path / name).rename(aside / name)
+    except OSError as err:
+        raise ConfigError(f"run_dir={path}: cannot move the old run's {err.filename or path} aside ({err.strerror})") from None
+
+
+def restore_old_run(path: Path) -> None:
+    """Put back the run :func:`set_old_run_aside` moved aside, deleting what the refused run made meanwhile."""
+    aside = path / ASIDE
+    if aside.is_dir():
+        delete_old_run(path)
+        for target in aside.iterdir():
+            target.rename(path / target.name)
+        aside.rmdir()
+
+
+def drop_old_run(path: Path) -> None:
+    """Delete the run :func:`set_old_run_aside` moved aside (the new one is built)."""
+    _delete(path / ASIDE)
 
 
 def shared_replay_sweep(path: Path) -> bool:

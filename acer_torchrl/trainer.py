@@ -45,9 +45,9 @@ from acer_torchrl.objectives.names import BEHAVIOUR, PRIORITY_KEY, PRIORITY_WEIG
 from acer_torchrl.optim import DirectStep, make_optimiser, optimiser_name, optimiser_settings
 from acer_torchrl.processes import HelperDied, RunGuard, StopSignals
 from acer_torchrl.priority_tree import SequencePriorities
-from acer_torchrl.provenance import contributing, record_segment, segments, summarize
+from acer_torchrl.provenance import contributing, file_sha256, record_segment, segments, started_from, summarize
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay, unprioritized
-from acer_torchrl.rundir import default_run_dir, prepare_run_dir
+from acer_torchrl.rundir import default_run_dir, drop_old_run, prepare_run_dir, restore_old_run
 from acer_torchrl.settings import get_algorithm
 
 
@@ -114,7 +114,26 @@ class Trainer:
         # locked for the life of this trainer (close()): a second run into the same directory is refused
         self.run_dir, self._run_lock = prepare_run_dir(run_dir, resume=bool(cfg.resume), overwrite=cfg.overwrite)
         cfg.run_dir = str(self.run_dir)
-        torch.set_num_threads(learner_threads(cfg, remote_collection=remote is not None))
+        try:
+            self._build(cfg)
+        except BaseException:  # refused: the directory is free again at once (not when this object is collected),
+            restore_old_run(self.run_dir)  # and an overwritten run is back as it was
+            self._run_lock.close()
+            raise
+        drop_old_run(self.run_dir)
+        if self.counters.env_steps < cfg.total_frames:  # (a finished run resumed trains nothing: no file written)
+            self.log.loggers = make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb,
+                                            resumed_at=self._saved_steps)
+            # the code, packages and machine it trains on (from weights: those of the run they were cut from first)
+            record_segment(self.run_dir, self.counters.env_steps, self._inherited)
+            # a finished run resumed to train further is not finished any more: its summary comes at its new end
+            (self.run_dir / "summary.json").unlink(missing_ok=True)
+        self.record_config()
+
+    def _build(self, cfg: Config) -> None:
+        """The agent, optimiser, replay and counters, from the checkpoint (``resume``) or ``init_from``'s weights;
+        a one-line error where they do not fit the run (:meth:`__init__` puts back what it set aside)."""
+        torch.set_num_threads(learner_threads(cfg, remote_collection=self.remote is not None))
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
         self.info = env_info(cfg.env)
@@ -143,22 +162,12 @@ class Trainer:
         self._awaiting: deque = deque()
         self._saved_steps: int | None = None  # env steps of the run's latest checkpoint (None: none yet)
         self._trained_with: dict = {}  # the settings the resumed checkpoint was trained with
-        try:
-            if cfg.resume:
-                self._resume()
-            elif cfg.init_from:
-                self._start_from_weights(Path(cfg.init_from))
-            self.check_an_update_comes()
-        except BaseException:  # refused: the directory is free again at once (not when this object is collected)
-            self._run_lock.close()
-            raise
-        if self.counters.env_steps < cfg.total_frames:  # (a finished run resumed trains nothing: no file written)
-            self.log.loggers = make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb,
-                                            resumed_at=self._saved_steps)
-            record_segment(self.run_dir, self.counters.env_steps)  # the code, packages and machine it trains on
-            # a finished run resumed to train further is not finished any more: its summary comes at its new end
-            (self.run_dir / "summary.json").unlink(missing_ok=True)
-        self.record_config()
+        self._inherited: dict | None = None  # init_from: the weights file, its SHA-256, the run it was cut from
+        if cfg.resume:
+            self._resume()
+        elif cfg.init_from:
+            self._start_from_weights(Path(cfg.init_from))
+        self.check_an_update_comes()
 
     def make_replay(self) -> Replay:
         """The replay this run stores its experience in. A shared-replay sweep overrides it to hand every
@@ -251,6 +260,8 @@ class Trainer:
         replayed updates). A file of another algorithm or env, network or optimiser, is one line."""
         cfg = self.cfg
         weights = load_weights(path)
+        if "source" in weights:  # (a file cut by an older version names none)
+            self._inherited = {"path": str(path.resolve()), "sha256": file_sha256(path), "source": weights["source"]}
         if (weights["algorithm"], weights["env"]) != (cfg.loss, cfg.env.name):
             raise CheckpointError(f"init_from={path} holds {weights['algorithm']} weights for {weights['env']}, not "
                                   f"{cfg.loss} on {cfg.env.name}")
@@ -756,7 +767,7 @@ class Trainer:
             "restarts": c.restarts,
             "health": self.health.summary(),  # ok, or diverged at its first bad update (acer_torchrl.health)
             # the code and machines of the run's segments (provenance.jsonl: each one's packages too) and its dates
-            **summarize(contributing(segments(self.run_dir))),
+            **summarize(contributing(segments(self.run_dir))), **started_from(segments(self.run_dir)),
             "run_dir": str(self.run_dir),
         }
         path = self.run_dir / "summary.json"

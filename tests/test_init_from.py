@@ -4,8 +4,13 @@ Pong run of the window before (``benchmarks/gpu/window.sh``): the same policy, t
 refilled; a file that does not fit the run is one line."""
 
 import csv
+import hashlib
+import json
+import shutil
+import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -60,6 +65,49 @@ def test_a_run_from_weights_plays_the_saved_policy_and_continues_the_counters(tm
     assert int(rows[0]["env_steps"]) > steps and int(rows[-1]["env_steps"]) == 576
     assert int(rows[-1]["updates"]) > updates
     assert yaml.safe_load((tmp_path / "third" / "config.yaml").read_text())["init_from"] == str(weights)
+    # what it started from is recorded: the weights' run's segments first, then its own, naming the file
+    source, own = [json.loads(line) for line in (tmp_path / "third" / "provenance.jsonl").read_text().splitlines()]
+    first = weights.parent / "first"
+    assert source == {**json.loads((first / "provenance.jsonl").read_text()), "run_dir": str(first.resolve())}
+    started = {"path": str(weights.resolve()), "sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+               "run_dir": str(first.resolve()), "seed": 3}
+    assert own["from_env_steps"] == steps and own["init_from"] == started
+    summary = json.loads((tmp_path / "third" / "summary.json").read_text())
+    assert summary["init_from"] == started and "unrecorded" not in summary["code"]  # (before: no init_from; its
+    # first segment, not recorded in this run, made the code say "(some segments unrecorded)")
+
+
+def test_a_damaged_weights_file_is_one_line(tmp_path, saved):
+    """A byte changed inside the file's tensors: torch.load reads it without a word (before, the run trained from
+    the changed weights); the zip members' CRC-32 catch it."""
+    weights, _ = saved
+    with zipfile.ZipFile(weights) as archive:
+        member = max(archive.infolist(), key=lambda info: info.file_size)
+    data = bytearray(weights.read_bytes())
+    name_length, extra_length = struct.unpack("<HH", data[member.header_offset + 26 : member.header_offset + 30])
+    at = member.header_offset + 30 + name_length + extra_length + member.file_size // 2
+    data[at] ^= 0x10
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError) as err:
+        run("acer", [*TINY, f"init_from={damaged}", "total_frames=576", f"run_dir={tmp_path / 'run'}"])
+    assert str(err.value) == (f"init_from={damaged} is damaged ({member.filename} fails its CRC-32 check); cut it "
+                              "again from its run directory with benchmarks/gpu/cut_weights.py")
+
+
+def test_cut_weights_names_the_settings_the_checkpoint_was_trained_with_not_an_edited_config(tmp_path, saved):
+    """config.yaml edited after the run (ReLU written as tanh): the file still says relu, so a tanh run from it is
+    refused (before, cut_weights read config.yaml and the ReLU weights ran in a tanh network)."""
+    weights, _ = saved
+    edited = tmp_path / "edited"
+    shutil.copytree(weights.parent / "first", edited)
+    config = edited / "config.yaml"
+    config.write_text(config.read_text().replace("activation: relu", "activation: tanh"))
+    cut_weights(edited, tmp_path / "weights.pt")
+    assert torch.load(tmp_path / "weights.pt", weights_only=True)["network"]["activation"] == "relu"
+    with pytest.raises(CheckpointError, match="network.activation=relu, this run's has network.activation=tanh"):
+        run("acer", [*TINY, "network.activation=tanh", f"init_from={tmp_path / 'weights.pt'}", "total_frames=576",
+                     f"run_dir={tmp_path / 'run'}"])
 
 
 def test_a_run_from_weights_inside_its_final_window_says_its_score_has_fewer_evaluations(tmp_path, saved, capsys):
@@ -174,4 +222,20 @@ def test_weights_of_a_distributional_critic_on_another_support_are_one_line(tmp_
                         f"init_from={tmp_path / 'weights.pt'}", f"run_dir={tmp_path / 'second'}"])
     assert str(err.value) == (f"init_from={tmp_path / 'weights.pt'} holds a distributional critic on [0, 1000], this "
                               "run's is on [0, 100] (reactor.v_min, reactor.v_max)")
+
+
+def test_overwrite_with_weights_that_are_refused_keeps_the_old_run(tmp_path, saved):
+    """overwrite=true sets the old run aside while the new one is built: refused (here a total_frames the weights
+    are already at), the old run is back as it was (before, it was deleted first, the directory left with its lock
+    file alone); built, the old run is gone."""
+    weights, _ = saved
+    old = tmp_path / "old"
+    shutil.copytree(weights.parent / "first", old)
+    before = {p.relative_to(old): p.read_bytes() for p in old.rglob("*") if p.is_file() and p.name != "run.lock"}
+    with pytest.raises(ConfigError, match="is at 384 env steps"):
+        run("acer", [*TINY, f"init_from={weights}", "total_frames=384", f"run_dir={old}", "overwrite=true"])
+    after = {p.relative_to(old): p.read_bytes() for p in old.rglob("*") if p.is_file() and p.name != "run.lock"}
+    assert after == before
+    run("acer", [*TINY, f"init_from={weights}", "total_frames=576", f"run_dir={old}", "overwrite=true"])
+    assert not (old / ".overwritten").exists() and metrics(old)[0]["env_steps"] != metrics(weights.parent / "first")[0]["env_steps"]
 

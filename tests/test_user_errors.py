@@ -277,6 +277,9 @@ def test_health_flags_a_blow_up_from_its_first_bad_update_but_not_noise():
 FUZZ_DRIVER = """
 import contextlib, io, json, signal, sys, traceback
 from acer_torchrl import cli
+# imported before any alarm: one that lands in an import leaves the module half made for every case after it
+# (seen on a loaded machine: "partially initialized module ... torchrl/modules/models/model_based.py")
+import acer_torchrl.trainer, acer_torchrl.evaluation
 
 class Limit(BaseException):
     pass
