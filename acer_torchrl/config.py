@@ -193,6 +193,20 @@ class Config:
             if hasattr(section, "validate"):
                 section.validate(self)
 
+    def _unused_for_the_env(self) -> dict[str, str]:
+        """The keys ``env.name``'s observations leave unused: Atari's frame processing elsewhere, sticky actions
+        with vectors, the MLP's widths and activation with frames or grids (a CNN encoder, ReLU built in)."""
+        from acer_torchrl.envs import observation_kind
+
+        kind, name = observation_kind(self.env.name), f"env.name={self.env.name}"
+        unused = {} if kind == "pixel" else dict.fromkeys(
+            ("env.frame_skip", "env.noop_max", "env.episodic_life", "env.frame_stack"), f"{name} (Atari's keys)")
+        if kind == "vector":
+            unused["env.repeat_action_probability"] = f"{name} (Atari's and MinAtar's sticky actions)"
+        else:
+            unused.update(dict.fromkeys(("network.hidden", "network.activation"), f"{name} (its CNN encoder)"))
+        return unused
+
     def unused_keys(self) -> dict[str, str]:
         """``{key: the setting that leaves it unused}`` for the keys this run reads nowhere: the shared sections'
         here, the algorithm's in its section's own ``unused_keys(cfg)`` (like ``validate``, per algorithm)."""
@@ -207,6 +221,7 @@ class Config:
             unused["replay.prefetch"] = "replay.recurrent_state=refresh"
         if self.optim.name != "rmsprop":
             unused["optim.alpha"] = f"optim.name={self.optim.name}"
+        unused.update(self._unused_for_the_env())
         algorithm_unused = getattr(self.algo, "unused_keys", None)
         return {**unused, **(algorithm_unused(self) if algorithm_unused else {})}
 

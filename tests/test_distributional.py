@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import re
+
 import pytest
 import torch
 import yaml
@@ -256,6 +258,12 @@ def test_the_settings_refuse_an_empty_support_and_note_unused_keys():
             load_config("reactor", ["reactor.distributional=true", f"reactor.v_min={v_min}", f"reactor.v_max={v_max}"])
     with pytest.raises(ConfigError, match="reactor.atoms must be in"):
         load_config("reactor", ["reactor.atoms=1"])
+    # the support is float32: a value, span or spacing it cannot hold is one line (before, torch.linspace's traceback,
+    # or NaN targets)
+    for v_min, v_max in (("0", "1e39"), ("-3e38", "3e38"), ("0", "1e-37")):
+        with pytest.raises(ConfigError, match=re.escape(f"reactor.v_min={float(v_min):g} to reactor.v_max="
+                                                        f"{float(v_max):g} over 51 atoms does not fit float32")):
+            load_config("reactor", ["reactor.distributional=true", f"reactor.v_min={v_min}", f"reactor.v_max={v_max}"])
     overrides = ["reactor.distributional=false", "reactor.v_max=100", "reactor.atoms=21"]
     notes = unused_settings(load_config("reactor", overrides), overrides)
     assert notes == [f"note: {o} has no effect with reactor.distributional=false" for o in overrides[1:]]

@@ -309,6 +309,12 @@ UNUSED = [
     ("acer", ["acer.replay_ratio=0", "replay.batch_size=8"], "note: replay.batch_size=8 has no effect with acer.replay_ratio=0"),
     ("laser", ["laser.online_share=1", "replay.min_size=10"], "note: replay.min_size=10 has no effect with laser.online_share=1"),
     ("acer", ["optim.alpha=0.9"], "note: optim.alpha=0.9 has no effect with optim.name=adam"),
+    # what the env or the algorithm's own layers leave unused (before, recorded in config.yaml without a word)
+    ("acer", ["env.frame_skip=8"], "note: env.frame_skip=8 has no effect with env.name=CartPole-v1 (Atari's keys)"),
+    ("laser", ["preset=minatar", "network.hidden=32"],
+     "note: network.hidden=32 has no effect with env.name=MinAtar/Breakout-v1 (its CNN encoder)"),
+    ("reactor", ["network.activation=tanh"],
+     "note: network.activation=tanh has no effect with loss=reactor (CReLU layers, Table 1)"),
     # and a key given twice
     ("acer", ["optim.lr=1e-3", "optim.lr=1e-4"], "note: optim.lr is given 2 times (1e-3, 1e-4); the last, optim.lr=1e-4, counts"),
 ]

@@ -13,6 +13,8 @@ from acer_torchrl.validation import MAX_WIDTH, ConfigError, allowed
 if TYPE_CHECKING:
     from acer_torchrl.config import Config
 
+FLOAT32_MAX, FLOAT32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38  # float32's largest and smallest normal
+
 DEFAULT_PRESET = "cartpole"
 
 BEHAVIOUR_MODES = ("memorised", "learned")
@@ -42,8 +44,9 @@ class ReactorConfig:
 
     def unused_keys(self, cfg: Config) -> dict[str, str]:
         """The keys of this section that the chosen policy-gradient estimator does not read; the categorical
-        critic's, without it."""
-        unused = {"reactor.tislr_c" if self.pg == "beta_loo" else "reactor.beta_c": f"reactor.pg={self.pg}"}
+        critic's, without it; ``network.activation`` (its layers are CReLU)."""
+        unused = {"reactor.tislr_c" if self.pg == "beta_loo" else "reactor.beta_c": f"reactor.pg={self.pg}",
+                  "network.activation": "loss=reactor (CReLU layers, Table 1)"}
         if not self.distributional:
             unused.update(dict.fromkeys(("reactor.atoms", "reactor.v_min", "reactor.v_max"),
                                         "reactor.distributional=false"))
@@ -57,6 +60,12 @@ class ReactorConfig:
         if not (math.isfinite(self.v_min) and math.isfinite(self.v_max) and self.v_min < self.v_max):
             raise ConfigError(f"the categorical critic's support needs finite reactor.v_min < reactor.v_max, got "
                               f"v_min={self.v_min}, v_max={self.v_max}")
+        spacing = (self.v_max - self.v_min) / (self.atoms - 1)  # the support is float32: its span and spacing too
+        fits = max(abs(self.v_min), abs(self.v_max), self.v_max - self.v_min) <= FLOAT32_MAX
+        if not (fits and spacing >= FLOAT32_TINY):
+            raise ConfigError(f"reactor.v_min={self.v_min:g} to reactor.v_max={self.v_max:g} over {self.atoms} atoms "
+                              f"does not fit float32 (values and span at most {FLOAT32_MAX:.3g}, spacing at least "
+                              f"{FLOAT32_TINY:.3g})")
 
 
 # Table 1 and sec. 3.4 (Atari), shared by the atari and minatar presets
