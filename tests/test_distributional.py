@@ -8,10 +8,9 @@ Windows hold terminated steps, truncated steps and episode boundaries mid-window
 
 import csv
 import json
+import re
 import subprocess
 import sys
-
-import re
 
 import pytest
 import torch
