@@ -24,6 +24,7 @@ import os
 import shutil
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from acer_torchrl.metrics import os_reason
@@ -228,9 +229,11 @@ def latest_checkpoint(run_dir: Path) -> Path:
     raise CheckpointError(f"no checkpoint in {run_dir} (nothing to resume; start a new run instead)")
 
 
-def load_checkpoint(run_dir: Path, replay=None) -> tuple[dict, dict]:
-    """Return ``(state, counters)`` of the latest checkpoint and restore ``replay`` (if given) in place;
-    any damage -> :class:`CheckpointError`."""
+def load_checkpoint(run_dir: Path, replay=None, check: Callable[[dict], None] | None = None) -> tuple[dict, dict]:
+    """Return ``(state, counters)`` of the latest checkpoint and restore ``replay`` (if given) in place; any damage
+    -> :class:`CheckpointError`. ``check(state)`` runs before the replay is read: a refusal of its own (settings
+    edited by hand) is said as such, not as damage when the replay then does not fit. A replay that cannot be written
+    where it is restored (a memory-mapped replay's ``replay_storage``) is said as that, not as damage."""
     import torch
 
     path = latest_checkpoint(run_dir)
@@ -238,13 +241,27 @@ def load_checkpoint(run_dir: Path, replay=None) -> tuple[dict, dict]:
     try:
         counters = json.loads((path / "counters.json").read_text())
         state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")
-        if replay is not None:
-            replay.load(path / "replay")
     except Exception as err:  # noqa: BLE001 - any failure here means the files are unusable
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt or unreadable ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
-        ) from None
+        raise _damaged(path, err) from None
+    if check is not None:
+        check(state)
+    if replay is not None:
+        try:
+            replay.load(path / "replay")
+        except OSError as err:
+            if err.filename is None or Path(err.filename).is_relative_to(path):
+                raise _damaged(path, err) from None
+            raise CheckpointError(f"checkpoint {path}: its replay cannot be restored into {err.filename} "
+                                  f"({os_reason(err)})") from None
+        except Exception as err:  # noqa: BLE001 - any failure here means the files are unusable
+            raise _damaged(path, err) from None
     return state, counters
+
+
+def _damaged(path: Path, err: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path} is corrupt or unreadable ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    )
 
 
 # ------------------------------------------------------------------ weights only (a new run from a run's learner)

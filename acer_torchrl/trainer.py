@@ -196,11 +196,7 @@ class Trainer:
         }
 
     def _resume(self) -> None:
-        state, counters = load_checkpoint(self.run_dir, self.replay)
-        self._trained_with = state.get("settings", {})  # (a checkpoint of before 2026-11-29: none)
-        edited = edited_settings(self.cfg, self._trained_with)
-        if edited is not None:
-            raise edited
+        state, counters = load_checkpoint(self.run_dir, self.replay, check=self._refuse_edited_settings)
         self.load_learner(state, f"checkpoint in {self.run_dir}", estimates=True)
         torch.set_rng_state(state["torch_rng"])
         cuda_rng = state.get("cuda_rng", [])
@@ -215,6 +211,14 @@ class Trainer:
         self.warn_of_repairs([self.log.load_existing(self.counters.env_steps), self.summary_damage()])
         self.sync_acting_policy()
         self.apply_resumed_settings()
+
+    def _refuse_edited_settings(self, state: dict) -> None:
+        """The one-line refusal of a resume whose ``config.yaml`` holds other run-defining settings than its checkpoint
+        was trained with (edited by hand), before the replay is read (one of another capacity would not fit)."""
+        self._trained_with = state.get("settings", {})  # (a checkpoint of before 2026-11-29: none)
+        edited = edited_settings(self.cfg, self._trained_with)
+        if edited is not None:
+            raise edited
 
     def load_learner(self, state: dict, source: str, estimates: bool) -> None:
         """The loss's state, the optimiser's (when ``state`` keeps it), with ``estimates`` the agent's stored estimates
@@ -499,6 +503,10 @@ class Trainer:
         names = [k for k, v in out.items() if v.numel() >= 1 and k != PRIORITY_KEY]  # priorities: per window
         # a loss may report a statistic computed on the replay's device (V-RACER's far share: CPU)
         means = [v if v.ndim == 0 else v.mean() for v in (out.get(k).detach() for k in names)]
+        weight = batch.get(PRIORITY_WEIGHT_KEY, None)  # a prioritized replay's draws: how far from uniform they are
+        if weight is not None:
+            names += ["priority_weight_mean", "priority_weight_min"]
+            means += [weight.float().mean(), weight.float().min()]
         means = [m.to(grad_norm.device) for m in means] if self.device.type != "cpu" else means
         stats = dict(zip([*names, "grad_norm"], torch.stack([*means, grad_norm.detach()]).float().tolist()))  # one sync
         self.watch_health(stats)

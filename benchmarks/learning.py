@@ -130,11 +130,24 @@ def seed_settings(algo: str, preset: str, seed: int, frames: int, extra: list[st
     return {k: v for k, v in flat_settings(cfg).items() if k not in BOOKKEEPING}
 
 
+# settings a seed's resume may change without changing its numbers (total_frames: a benchmark made longer)
+LEAVE_THE_NUMBERS = ("total_frames", "threads", "device", "replay.prefetch", "eval.background", "log.progress",
+                     "log.tensorboard", "log.wandb", "log.checkpoint_interval")
+
+
+def changed_on_resume(run_dir: Path) -> list[tuple[int, str, object]]:
+    """``(env steps, key, value before)`` of each setting a resume of ``run_dir`` changed (its ``resumes.jsonl``)."""
+    path = run_dir / "resumes.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [(r["env_steps"], key, change["from"]) for r in records for key, change in r["changed"].items()]
+
+
 def not_this_seed(algo: str, preset: str, seed: int, frames: int, extra: list[str], run_dir: Path) -> str | None:
     """Why ``run_dir``, a seed's directory an earlier invocation left (``--resume``, ``--restore-partial``), is not a
     run of this benchmark's seed ``seed``, in words; None when it is, or holds nothing. Its ``config.yaml`` must hold
     this seed's settings (:func:`seed_settings`: the same length and every other key, those a resume may change
-    included); a finished one's ``summary.json`` this algorithm, seed and length, and the final score its
+    included), and have run with them all along (no resume that changed one of them, :data:`LEAVE_THE_NUMBERS`
+    aside); a finished one's ``summary.json`` this algorithm, seed and length, and the final score its
     ``metrics.csv`` gives. Before, such a directory was read (finished) or resumed to its own length and settings,
     and the row said it ran this command."""
     from acer_torchrl.config import ConfigError, flat_settings, load_config
@@ -150,6 +163,10 @@ def not_this_seed(algo: str, preset: str, seed: int, frames: int, extra: list[st
             ran = ", ".join(f"{k}={saved.get(k)}" for k in differ)
             wanted = ", ".join(f"{k}={expected[k]}" for k in differ)
             return f"it ran with {ran}; this benchmark's seed {seed} has {wanted}"
+        for env_steps, key, before in changed_on_resume(run_dir):
+            if key not in LEAVE_THE_NUMBERS and before != expected.get(key):
+                return (f"it ran with {key}={before} up to {env_steps} env steps (its resumes.jsonl); this benchmark's "
+                        f"seed {seed} has {key}={expected.get(key)}")
     if not (run_dir / "summary.json").exists():
         return None
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -236,6 +236,8 @@ def test_the_critics_loss_and_priority_from_the_estimator():
     variation = 0.5 * (q_star - q).abs().sum(-1)
     per_window = (variation * mask[..., 0]).sum(-1) / mask[..., 0].sum(-1)
     torch.testing.assert_close(out["priority"], per_window)
+    # the record of how much of q* the support's ends hold (returns beyond [v_min, v_max] are projected there)
+    torch.testing.assert_close(out["support_edge_mass"], (q_star[..., 0] + q_star[..., -1])[mask[..., 0]].mean())
     # the actor on the means: d(-loss_objective)/d pi(a) = beta (R(A) - Q(A)) 1[a = A] + Q(a) (beta-LOO, beta =
     # min(1, 1/mu(A))) with Q the mean of q(x_t, .) and R(A) the mean of q*
     out["loss_objective"].backward()

@@ -279,6 +279,14 @@ def test_a_seed_directory_of_other_settings_or_another_length_is_not_read_into_t
     assert why(extra=["network.hidden=16", "eval.episodes=10"]) == (
         "it ran with eval.episodes=2; this benchmark's seed 0 has eval.episodes=10")
     assert why(frames=384).startswith("it ran with total_frames=192; this benchmark's seed 0 has total_frames=384")
+    # resumed by hand with another setting, later put back: config.yaml agrees, its first segment did not
+    changed = {"optim.lr": {"from": 0.01, "to": config.optim.lr}, "threads": {"from": 1, "to": 2}}
+    (run_dir / "resumes.jsonl").write_text(json.dumps({"env_steps": 96, "changed": changed}) + "\n")
+    assert why() == (f"it ran with optim.lr=0.01 up to 96 env steps (its resumes.jsonl); this benchmark's seed 0 has "
+                     f"optim.lr={config.optim.lr}")
+    (run_dir / "resumes.jsonl").write_text(json.dumps({"env_steps": 96, "changed": {"threads": {"from": 1, "to": 2}}}))
+    assert why() is None  # (how it ran, not what it computed)
+    (run_dir / "resumes.jsonl").unlink()
     (run_dir / "config.yaml").unlink()  # a seed restored from a record of before config.yaml went with it
     assert why(frames=384) == "it finished at 192 env steps, not the benchmark's 384"
     finished_seed(run_dir, seed=7)

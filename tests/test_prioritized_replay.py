@@ -263,4 +263,24 @@ def test_reactor_recipe_runs_prioritized_and_records_it(tmp_path):
     links = torch.load(next(run_dir.glob("checkpoint*/replay/links.pt")), weights_only=True)
     assert links["assigned"].any(), "no window got a priority from the updates"
     header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert "priority" not in header
+    assert "priority" not in header and {"priority_weight_mean", "priority_weight_min"} <= set(header)
+
+
+def test_an_update_records_how_far_the_draws_are_from_uniform(tmp_path):
+    """The update's statistics (metrics.csv's columns) hold the mean and smallest importance weight of its windows
+    (before, nothing in a run's record said that the replay was prioritized, or how much)."""
+    from acer_torchrl.config import load_config
+    from acer_torchrl.trainer import Trainer
+
+    trainer = Trainer(load_config("reactor", [f"run_dir={tmp_path / 'run'}", "collector.workers=0", "replay.batch_size=8",
+                                              "replay.seq_len=6", "replay.min_size=64", "log.progress=false",
+                                              "replay.prioritized=true", "replay.priority_block=4"]))
+    trainer.fill_replay(64)
+    for _ in range(3):  # the first update assigns priorities: the next draws are not uniform
+        batch = trainer.draw_batch(0.0)
+        weight = batch["priority_weight"].clone()
+        stats = trainer.update(batch)
+    assert (stats["priority_weight_mean"], stats["priority_weight_min"]) == pytest.approx(
+        (weight.mean().item(), weight.min().item()))
+    assert stats["priority_weight_min"] < 1.0
+    trainer.close()

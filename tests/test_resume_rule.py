@@ -9,6 +9,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from acer_torchrl import cli
+from acer_torchrl.checkpoint import CheckpointError
 from acer_torchrl.config import (APPLIED_ON_RESUME, RESUME_BOOKKEEPING, ConfigError, check_resume_changes,
                                  flat_settings, is_run_defining, load_config, set_key)
 from acer_torchrl.evaluation import InlineEvaluator
@@ -203,6 +205,26 @@ def test_a_config_yaml_edited_by_hand_is_refused_on_resume(tmp_path):
     assert str(err.value) == (f"resume={tmp_path}: config.yaml holds gamma=0.9 (trained with {gamma.split()[1]}), not "
                               "the settings its checkpoint was trained with (edited by hand?); put them back, or start "
                               "a new run to change them")
+
+
+def test_a_run_defining_edit_or_an_unwritable_replay_store_is_not_called_a_corrupt_checkpoint(tmp_path):
+    """replay.capacity edited by hand in config.yaml: the settings are checked before the replay is read, so the line
+    says the edit (before: "checkpoint ... is corrupt or unreadable (ValueError: the saved replay holds ...)", which
+    invites deleting a sound checkpoint); a file where the memory-mapped replay is restored says that."""
+    run_dir = tmp_path / "run"
+    cli.run("acer", ["preset=cartpole", *TINY, "total_frames=256", "replay.memmap=true", "eval.background=false",
+                     "eval.episodes=1", "eval.max_steps=20", "eval.interval=128", f"run_dir={run_dir}"])
+    (run_dir / "summary.json").unlink()  # stopped before its summary: the resume reads the checkpoint
+    saved = run_dir / "config.yaml"
+    text = saved.read_text()
+    saved.write_text(text.replace("capacity: 4096", "capacity: 8192"))
+    with pytest.raises(ConfigError, match=r"config.yaml holds replay.capacity=8192 \(trained with 4096\)"):
+        Trainer(load_config("acer", [f"resume={run_dir}"]))
+    saved.write_text(text)
+    shutil.rmtree(run_dir / "replay_storage")
+    (run_dir / "replay_storage").write_text("not a directory")
+    with pytest.raises(CheckpointError, match=r"its replay cannot be restored into .*replay_storage"):
+        Trainer(load_config("acer", [f"resume={run_dir}"]))
 
 
 def test_an_applied_setting_edited_by_hand_in_config_yaml_is_recorded_as_a_change(tmp_path, capsys):

@@ -510,7 +510,7 @@ def test_a_new_run_in_a_directory_left_without_a_checkpoint_starts_clean(tmp_pat
     """A run killed before its first checkpoint leaves files but nothing to resume: a new run there (what
     benchmarks/learning.py does with such a seed) removes them, so that its TensorBoard / W&B event files and
     metrics are its own; the user's own files stay."""
-    from acer_torchrl.rundir import prepare_run_dir
+    from acer_torchrl.rundir import drop_old_run, prepare_run_dir
 
     run = tmp_path / "run"
     (run / "tensorboard").mkdir(parents=True)
@@ -519,5 +519,6 @@ def test_a_new_run_in_a_directory_left_without_a_checkpoint_starts_clean(tmp_pat
     (run / "config.yaml").write_text("seed: 0\n")
     (run / "notes.txt").write_text("the user's own file")
     _, lock = prepare_run_dir(run, resume=False, overwrite=False)
+    drop_old_run(run)  # (what the trainer does once the new run is built: until then they are set aside)
     lock.close()
     assert sorted(p.name for p in run.iterdir()) == sorted([LOCK_FILE, "notes.txt"])

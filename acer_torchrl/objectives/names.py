@@ -47,6 +47,8 @@ OUTPUTS = {
     "trace": "Reactor: the Retrace trace c_t = lambda min(1, rho_t) (eq. 2)",
     "beta": "Reactor: the policy gradient's weight beta (beta-LOO, eq. 5; TISLR: the truncated rho)",
     "mu_hat_log_error": "Reactor with the learned mu-hat: |log mu-hat(a|s) - log mu(a|s)| against the stored mu",
+    "support_edge_mass": "Reactor's distributional critic: the target q*'s mass on the support's first and last atoms "
+                         "(returns beyond [v_min, v_max] are projected there, sec. 3.2)",
     # LASER
     "beta_kl": "LASER: beta_KL(s) = KL(pi || pi~_mu), the relevance measure (sec. 4.3)",
     "rejected_share": "LASER: share of steps left out by the trust region (beta_KL >= kl_threshold, sec. 4.1)",
@@ -66,4 +68,7 @@ OUTPUTS = {
     "reward_scale": "V-RACER: the reward scale sigma_r the update's targets used (App. B, eq. 16)",
     # the trainer's
     "grad_norm": "the gradient's global norm before clipping",
+    "priority_weight_mean": "a prioritized replay: the mean importance weight of the update's windows (Reactor ICLR "
+                            "sec. 3.3; 1 with uniform draws)",
+    "priority_weight_min": "a prioritized replay: the smallest importance weight among the update's windows",
 }

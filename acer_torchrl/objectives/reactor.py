@@ -173,6 +173,9 @@ class Critic(NamedTuple):
     priority: torch.Tensor
     """Each window's replay priority, ``[B]``, detached (ICLR sec. 3.3: the mean ``|Q^ret - Q(x, a)|``; distributional:
     :func:`window_total_variation`)."""
+    edge_mass: torch.Tensor | None = None
+    """Distributional: ``q*``'s mass on the support's first and last atoms, ``[B, T, 1]`` (returns beyond
+    ``[v_min, v_max]`` are projected there: a support too narrow for the task shows here)."""
 
 
 def gather_action(per_action: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
@@ -349,7 +352,8 @@ class ReactorLoss(ReplayLoss):
     def out_keys(self) -> list[str]:
         keys = ["loss_critic", "loss_objective", "loss_entropy", "entropy", "action_gap", "rho", "trace", "beta",
                 "q_ret", "q_taken", "priority"]
-        return keys + (["loss_behaviour", "mu_hat_log_error"] if self.learned_behaviour else [])
+        return (keys + (["support_edge_mass"] if self.distributional else [])
+                + (["loss_behaviour", "mu_hat_log_error"] if self.learned_behaviour else []))
 
     def update_plan(self, rng: np.random.Generator) -> list[float]:
         """Replay-only learner steps (sec. 3.6): ``updates_per_batch`` per collected batch (the fraction
@@ -413,7 +417,9 @@ class ReactorLoss(ReplayLoss):
         probs = log_q.detach().exp()
         q = (probs * self.support).sum(-1)
         priority = window_total_variation(q_star, gather_action(probs, w.action), w.mask)
-        return Critic(loss, q, (q_star * self.support).sum(-1, keepdim=True), q.gather(-1, w.action), priority)
+        edge_mass = q_star[..., :1] + q_star[..., -1:]
+        return Critic(loss, q, (q_star * self.support).sum(-1, keepdim=True), q.gather(-1, w.action), priority,
+                      edge_mass)
 
     @staticmethod
     def _check_episode_aligned(done: torch.Tensor, mask: torch.Tensor) -> None:
@@ -495,6 +501,8 @@ class ReactorLoss(ReplayLoss):
             },
             batch_size=[],
         )
+        if critic.edge_mass is not None:
+            result.set("support_edge_mass", masked_mean(critic.edge_mass, mask))
         if self.learned_behaviour:
             # mu-hat: cross-entropy on the replayed actions (sec. 3.5)
             result.set("loss_behaviour", -weighted_mean(log_mu_hat.gather(-1, action), mask, window.weight))
