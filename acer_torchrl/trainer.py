@@ -775,7 +775,7 @@ class Trainer:
             "restarts": c.restarts,
             "health": self.health.summary(),  # ok, or diverged at its first bad update (acer_torchrl.health)
             # the code and machines of the run's segments (provenance.jsonl: each one's packages too) and its dates
-            **summarize(contributing(segments(self.run_dir))), **started_from(segments(self.run_dir)),
+            **summarize(contributing(records := segments(self.run_dir))), **started_from(records),
             "run_dir": str(self.run_dir),
         }
         path = self.run_dir / "summary.json"
