@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import logging
 import os
+import select
 import signal
 import sys
 import warnings
@@ -77,6 +78,8 @@ def with_stop_signals(command: Callable[[StopSignals], int]) -> int:
         print(stop, file=sys.stderr)
         return stop.exit_code
     except BrokenPipeError:
+        if not stdout_reader_gone():  # another pipe: a helper's, a real error
+            raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # where Python's flush at exit writes
         return 128 + signal.SIGPIPE
     except Exception as err:  # a signal inside a C extension's import comes back as "ImportError: initialization failed"
@@ -87,6 +90,16 @@ def with_stop_signals(command: Callable[[StopSignals], int]) -> int:
         return stop.exit_code
     finally:
         stops.restore()
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader went away (the kernel flags such a pipe's write end with POLLERR)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+    except (AttributeError, OSError, ValueError):  # no stdout, or one without a file descriptor
+        return False
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 def interrupt_behind(err: BaseException) -> Interrupted | None:

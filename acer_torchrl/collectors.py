@@ -37,6 +37,7 @@ import atexit
 import multiprocessing.util  # noqa: F401  (registers its exit handler now: ours, registered below, runs first)
 import os
 import sys
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -164,8 +165,7 @@ class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
         try:
             yield from super().iterator()
         except Exception:
-            dead = [died(f"collector worker {i}", p.pid, code) for i, p in enumerate(self.procs)
-                    if (code := _exit_code(p)) is not None]
+            dead = dead_workers(self.procs)
             if not dead:
                 raise
             raise HelperDied(", ".join(dead)) from None
@@ -183,6 +183,20 @@ class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
                         process.kill()
                         process.join()
                 raise
+
+
+def dead_workers(procs: Sequence[multiprocessing.process.BaseProcess], wait_s: float = 2.0) -> list[str]:
+    """The workers of ``procs`` that died, in words (:func:`~acer_torchrl.processes.died`); waits up to ``wait_s``
+    for one to be found. A killed worker's pipes close as it exits, before the kernel reports its exit code: the
+    learner's next message to it fails (``BrokenPipeError``) while its ``exitcode`` is still None, for a moment.
+    Empty when none died within ``wait_s``: the error was not a death."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = [died(f"collector worker {i}", p.pid, code) for i, p in enumerate(procs)
+                if (code := _exit_code(p)) is not None]
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.02)
 
 
 def _exit_code(process: multiprocessing.process.BaseProcess) -> int | None:

@@ -22,6 +22,7 @@ from acer_torchrl.collectors import (
     RemoteCollection,
     RemoteCollector,
     copy_weights_,
+    dead_workers,
     make_collector,
     make_remote_collector,
 )
@@ -314,3 +315,30 @@ def test_replay_never_bridges_the_batches_the_async_collector_drops(monkeypatch)
     assert torch.equal(after["collector", "traj_ids"], stored[linked]["collector", "traj_ids"])
     assert torch.equal(after["step_count"], stored[linked]["step_count"] + 1)
     torch.testing.assert_close(after["observation"], stored[linked]["next", "observation"])
+
+
+class _ExitingProcess:
+    """A worker killed a moment ago: its pipes are closed, and the kernel reports its exit code after ``polls``
+    more looks."""
+
+    pid = 4242
+
+    def __init__(self, polls: int):
+        self.polls = polls
+
+    @property
+    def exitcode(self) -> int | None:
+        self.polls -= 1
+        return -signal.SIGKILL if self.polls < 0 else None
+
+
+class _LiveProcess:
+    pid = 4343
+    exitcode = None
+
+
+def test_a_worker_whose_exit_code_comes_after_its_pipe_closed_is_named_dead():
+    """The learner's message to a worker killed a moment ago fails (BrokenPipeError) before the worker's exit code
+    is there: its death is still found (the run once ended with exit code 141 and nothing said, in CI)."""
+    assert dead_workers([_LiveProcess(), _ExitingProcess(polls=5)]) == ["collector worker 1 (pid 4242) died (killed by SIGKILL)"]
+    assert dead_workers([_LiveProcess()], wait_s=0.1) == []

@@ -449,6 +449,18 @@ def test_help_into_a_closed_pipe_ends_quietly(tmp_path, recipe):
     assert (proc.returncode, proc.stderr) == (141, "")
 
 
+def test_a_broken_pipe_that_is_not_stdout_is_not_taken_for_a_closed_reader():
+    """Only a closed stdout ends a recipe quietly with 141: a BrokenPipeError on another pipe (a helper process's)
+    is an error (a collector worker's death once ended a run with 141 and nothing said)."""
+    from acer_torchrl import cli
+
+    def writes_to_a_dead_helper(stops):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        cli.with_stop_signals(writes_to_a_dead_helper)
+
+
 def test_help_anywhere_on_the_line_and_submit_takes_a_recipe_path(capsys):
     from acer_torchrl import cli
 
