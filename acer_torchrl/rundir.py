@@ -165,6 +165,8 @@ def prepare_run_dir(path: Path, *, resume: bool, overwrite: bool) -> tuple[Path,
     refuse_a_live_run(path, key)  # named first: what a live run's directory holds is its own (its lock would refuse
     refuse_an_old_run(path, resume=resume, overwrite=overwrite)  # the resume= the refusal of an old run proposes)
     make_writable_dir(path, key)
+    if resume:
+        refuse_shared_files(path)  # before the lock file, which such a copy shares too, is written
     lock = lock_run_dir(path, key)
     try:
         if not resume:  # the run overwritten, or what a run killed before its first checkpoint left (its event files
@@ -173,6 +175,18 @@ def prepare_run_dir(path: Path, *, resume: bool, overwrite: bool) -> tuple[Path,
         lock.close()
         raise
     return path, lock
+
+
+def refuse_shared_files(path: Path) -> None:
+    """One :class:`ConfigError` line when a file of the run ``path`` holds is a hard link shared with another
+    directory (a copy made with ``cp -al``): a resume writes some files in place (``provenance.jsonl``, the
+    memory-mapped replay), and would change the other run's record and replay too."""
+    for name in RUN_FILES:
+        for file in [path / name] if (path / name).is_file() else sorted((path / name).rglob("*")):
+            if not file.is_symlink() and file.is_file() and file.stat().st_nlink > 1:
+                raise ConfigError(f"resume={path}: {file.relative_to(path)} is a hard link shared with another "
+                                  "directory (a copy made with cp -al?), which a resume would write into too; copy the "
+                                  "run with cp -a and resume the copy")
 
 
 def delete_old_run(path: Path) -> None:

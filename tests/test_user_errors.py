@@ -11,6 +11,7 @@ import random
 import shlex
 import signal
 import string
+import shutil
 import subprocess
 import sys
 import time
@@ -534,3 +535,15 @@ def test_a_new_run_in_a_directory_left_without_a_checkpoint_starts_clean(tmp_pat
     drop_old_run(run)  # (what the trainer does once the new run is built: until then they are set aside)
     lock.close()
     assert sorted(p.name for p in run.iterdir()) == sorted([LOCK_FILE, "notes.txt"])
+
+
+def test_a_run_copied_with_hard_links_is_refused_on_resume_and_the_original_stays(tmp_path):
+    """``cp -al run copy`` then ``resume=copy``: the copy's files are the original's (hard links); a resume appends
+    to ``provenance.jsonl`` and writes the memory-mapped replay in place, into the original too. Refused in one line."""
+    run, copy = tmp_path / "run", tmp_path / "copy"
+    assert recipe([*TINY, "replay.memmap=true", f"run_dir={run}"], tmp_path).returncode == 0
+    shutil.copytree(run, copy, copy_function=os.link)  # what cp -al makes
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    line = error_line(recipe([f"resume={copy}", "total_frames=96"], tmp_path))
+    assert line.startswith(f"error: resume={copy}: ") and "hard link shared with another directory" in line, line
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
