@@ -141,6 +141,10 @@ class SteppedRun(Protocol):
 
     def step(self, batch) -> bool: ...
 
+    def checkpoint_due(self) -> bool: ...
+
+    def periodic_checkpoint(self) -> None: ...
+
     def checkpoint(self) -> None: ...
 
     def stop_collecting(self) -> None: ...
@@ -153,7 +157,8 @@ class SteppedRun(Protocol):
 
 
 class RunGuard:
-    """Drives a run through its step API in the learner's process: :meth:`train`. With ``stop_signals``
+    """Drives a run through its step API in the learner's process: :meth:`train`, each batch's ``step()`` and then,
+    when due, its periodic checkpoint (:meth:`checkpoint_together`). With ``stop_signals``
     (installed: the command line), SIGINT / SIGTERM end the run with its ``stop_early()`` and :class:`Interrupted`:
     at once during start-up or while waiting for a batch, after the batch in hand, or once the final evaluation
     is done. Under SLURM, submitit's requeue signal waits for the batch in hand (:meth:`holding_requeue`)."""
@@ -196,6 +201,8 @@ class RunGuard:
                                 run.checkpoint()  # the requeued job resumes from this batch
                             requeue, self.held_requeue = self.held_requeue, None
                             requeue()  # submitit: requeue, then exit (a job's other tasks: returns, goes on)
+                    with self.deferring_stops():
+                        self.checkpoint_together([runs[i] for i in running])
             return self.finish(runs)
         except Interrupted as stop:
             where = self.stop_early(runs) if self.stop_signals is not None else None
@@ -205,6 +212,16 @@ class RunGuard:
         finally:
             for run in runs:
                 run.close()
+
+    @staticmethod
+    def checkpoint_together(runs: Sequence[SteppedRun]) -> None:
+        """The runs' periodic checkpoints, taken after a round, all of them once one is due. A shared-replay sweep's
+        agents store into one replay, which agent 0's checkpoint holds: taken inside agent 0's step, it lacked the
+        round's batches of the agents after it, which their own checkpoints counted, and a sweep killed (SIGKILL)
+        before the next checkpoints resumed with a replay short of those steps."""
+        if any([run.checkpoint_due() for run in runs]):  # (a list: each looks at its finished evaluations)
+            for run in runs:
+                run.periodic_checkpoint()
 
     def finish(self, runs: Sequence[SteppedRun]) -> list[dict]:
         """Every run's ``finish()`` (its final evaluation and ``summary.json``), which a stop waits for. A stop that

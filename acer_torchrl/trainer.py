@@ -832,7 +832,8 @@ class Trainer:
 
     def step(self, batch: TensorDictBase) -> bool:
         """One collected batch: store it, take the loss's planned updates, push the weights to the collector,
-        evaluate / log / checkpoint when due. Returns True once ``total_frames`` steps were collected."""
+        evaluate / log when due (the periodic checkpoint is the driver's: :meth:`checkpoint_due`). Returns True once
+        ``total_frames`` steps were collected."""
         cfg, c = self.cfg, self.counters
         window, returns = self._window, self._returns
         self.log_evaluations(self.evaluator.results())
@@ -874,18 +875,20 @@ class Trainer:
             self.ask_evaluation(metrics)
             window.clear()
             returns.clear()
-        if self._checkpoint_due():
-            self.checkpoint()
-            c.next_checkpoint += cfg.log.checkpoint_interval * max(
-                1, math.ceil((c.env_steps - c.next_checkpoint + 1) / cfg.log.checkpoint_interval)
-            )
         if c.env_steps >= cfg.total_frames:
             self.wait_for_evaluations()  # the last ones, while the progress bar still shows
             return True
         return False
 
-    def _checkpoint_due(self) -> bool:
-        """Whether to checkpoint after this batch: once ``log.checkpoint_interval`` steps are due, as soon as no
+    def periodic_checkpoint(self) -> None:
+        """The checkpoint every ``log.checkpoint_interval`` env steps (:meth:`checkpoint_due` says when), the next one
+        scheduled."""
+        c, interval = self.counters, self.cfg.log.checkpoint_interval
+        self.checkpoint()
+        c.next_checkpoint += interval * max(1, math.ceil((c.env_steps - c.next_checkpoint + 1) / interval))
+
+    def checkpoint_due(self) -> bool:
+        """Whether to checkpoint after this batch (:meth:`periodic_checkpoint`): once ``log.checkpoint_interval`` steps are due, as soon as no
         evaluation is still being played (:meth:`checkpoint` would wait for it: an evaluation asked at the same step
         held a V-RACER Hopper-v5 learner ~2 s, ~4 % of its run with ``eval.interval=5000``), and at the latest half
         an interval late (then waiting for them), so that the checkpoints keep their schedule."""

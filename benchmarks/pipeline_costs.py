@@ -96,6 +96,8 @@ class TimedTrainer(Trainer):
         timing = self.timing
         start = time.perf_counter()
         done = super().step(batch)
+        if not done and self.checkpoint_due():  # what RunGuard does after each batch of a run
+            self.periodic_checkpoint()
         if timing:
             self.seconds["step"] += time.perf_counter() - start
             self.batches += 1

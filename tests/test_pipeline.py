@@ -302,14 +302,14 @@ def test_a_due_checkpoint_waits_for_the_evaluation_in_play_at_most_half_an_inter
 
     trainer.evaluator, c = Playing(), trainer.counters
     c.env_steps, c.next_checkpoint = 999, 1000
-    assert not trainer._checkpoint_due()
+    assert not trainer.checkpoint_due()
     trainer._awaiting.append((1000, 0, 0.0, {}, trainer.evaluation_settings()))  # asked at step 1000, being played
     for c.env_steps in (1000, 1200, 1499):
-        assert not trainer._checkpoint_due()
+        assert not trainer.checkpoint_due()
     c.env_steps = 1500
-    assert trainer._checkpoint_due() and trainer._awaiting, "half an interval late: due, and checkpoint() waits"
+    assert trainer.checkpoint_due() and trainer._awaiting, "half an interval late: due, and checkpoint() waits"
     c.env_steps, trainer.evaluator.finished = 1200, [(1000, 42.0, 0.0)]
-    assert trainer._checkpoint_due() and not trainer._awaiting  # its row logged first
+    assert trainer.checkpoint_due() and not trainer._awaiting  # its row logged first
     assert trainer.log.rows[-1]["env_steps"] == 1000 and trainer.log.rows[-1]["eval_return_mean"] == 42.0
 
 
@@ -524,6 +524,12 @@ class _SignalledRun:
 
     def checkpoint(self):
         self.record("checkpoint")
+
+    def checkpoint_due(self):
+        return False
+
+    def periodic_checkpoint(self):
+        self.record("periodic checkpoint")
 
     def stop_collecting(self):
         self.record("stop_collecting")

@@ -411,6 +411,25 @@ def test_local_sweep_end_to_end(tmp_path):
 
 
 @pytest.mark.integration
+def test_a_local_sweeps_periodic_checkpoints_hold_every_agents_steps_in_the_shared_replay(tmp_path, monkeypatch):
+    """Agent 0's checkpoint holds the shared replay: its periodic checkpoint is taken with every agent's, after a round,
+    so that the replay it saves holds each agent's steps up to that agent's own checkpoint. (Taken inside agent 0's
+    step, it lacked the round's batch of agent 1, which agent 1's checkpoint counted: a sweep killed with SIGKILL
+    resumed with agent 1's last batch missing from the replay.)"""
+    seen = []
+
+    def periodic_checkpoint(self):
+        SweepAgentTrainer.checkpoint(self)
+        seen.append((self._shared_handle.agent_id, self.counters.env_steps, self._shared_handle.shared.agent_counts()))
+        self.counters.next_checkpoint += self.cfg.log.checkpoint_interval
+
+    monkeypatch.setattr(SweepAgentTrainer, "periodic_checkpoint", periodic_checkpoint)
+    run(["agents=2", f"run_dir={tmp_path}", *SMOKE[:-1], "total_frames=384", "log.checkpoint_interval=128"])
+    assert [agent for agent, _, _ in seen] == [0, 1] * (len(seen) // 2) and len(seen) >= 4, seen
+    assert all(counts == [steps, steps] for _, steps, counts in seen), seen
+
+
+@pytest.mark.integration
 def test_local_vracer_sweep_end_to_end(tmp_path):
     """V-RACER agents in a shared-replay sweep: each keeps its own estimates of everyone's steps (test_vracer.py
     checks them); here the pipeline: both collect, both learn from both agents' data, lr differs, no entropy."""
