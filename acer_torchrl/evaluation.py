@@ -41,7 +41,7 @@ from tqdm import tqdm
 from acer_torchrl.processes import HelperDied, died, ignore_learner_signals, learner_signals_held
 from acer_torchrl.settings.env import EnvConfig
 
-Result = tuple[Any, float, float]  # (the caller's tag, mean return, std of the returns)
+Result = tuple[Any, float, float, int]  # (the caller's tag, mean return, std of the returns, games cut at max_steps)
 
 
 def evaluation_env_config(env: EnvConfig, games: int = 1) -> EnvConfig:
@@ -55,14 +55,15 @@ def evaluation_seed(seed: int, env_steps: int) -> int:
     return int(np.random.SeedSequence([seed, env_steps]).generate_state(1)[0]) >> 2
 
 
-def evaluate(policy, env: EnvBase, max_steps: int, seed: int) -> tuple[float, float]:
+def evaluate(policy, env: EnvBase, max_steps: int, seed: int) -> tuple[float, float, int]:
     """Greedy (``ExplorationType.DETERMINISTIC``) returns of the games of ``env`` (:func:`evaluation_env_config`),
     played side by side, one policy call per step for all of them, from ``seed``: game i is seeded ``seed + i``
     and any torch draw of the policy comes from a generator seeded ``seed`` (the caller's own is left as it was).
 
     Each game's first episode counts, whole (all start together, so no game's length decides which
     episodes are counted); a game that ended is reset and stepped on, its steps ignored, until the last one
-    ends or ``max_steps`` steps pass (a game still running then counts its return so far).
+    ends or ``max_steps`` steps pass (a game still running then counts its return so far). Returns the mean and
+    std of the returns and how many games were so cut.
     """
     games = max(env.batch_size.numel(), 1)
     returns = torch.zeros(games, dtype=torch.float64)
@@ -77,7 +78,7 @@ def evaluate(policy, env: EnvBase, max_steps: int, seed: int) -> tuple[float, fl
             finished |= step.get(("next", "done")).reshape(games)
             if finished.all():
                 break
-    return float(returns.mean()), float(returns.std(unbiased=False))
+    return float(returns.mean()), float(returns.std(unbiased=False)), int((~finished).sum())
 
 
 class InlineEvaluator:
@@ -112,7 +113,7 @@ atexit.register(lambda: [e.close() for e in list(_OPEN)])
 
 def _serve(policy, make_env: Callable[[], EnvBase], max_steps: int, requests, replies, parent: int) -> None:
     """The evaluation process: plays the games for each ``(tag, seed, weights)`` request, replies ``(tag, mean,
-    std)`` (or ``(_FAILED, traceback)``); stops on ``None`` or when its parent is gone."""
+    std, cut)`` (or ``(_FAILED, traceback)``); stops on ``None`` or when its parent is gone."""
     ignore_learner_signals()  # held since its start (learner_signals_held), ignored from here
     torch.set_num_threads(1)
     # below the learner and the collector workers: its games (10 of up to 1 000 steps for a MuJoCo task, ~5 s of

@@ -83,6 +83,12 @@ def window_settings(rows: list[dict], from_step: int, defaults: dict[str, int]) 
     return settings
 
 
+def window_games_cut(rows: list[dict], from_step: int) -> int:
+    """The greedy games of the evaluation rows from ``from_step`` on (a final score's window) that ``eval.max_steps``
+    cut before they ended (their returns so far counted): ``eval_games_cut``, 0 in rows logged before it was."""
+    return sum(int(r.get("eval_games_cut", 0)) for r in rows if "eval_return_mean" in r and r["env_steps"] >= from_step)
+
+
 def make_loggers(run_dir: Path, tensorboard: bool = False, wandb: bool = False,
                  resumed_at: int | None = None) -> list:
     """TorchRL loggers (``torchrl.record.loggers``) beside ``metrics.csv``: TensorBoard events under

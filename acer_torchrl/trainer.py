@@ -39,7 +39,8 @@ from acer_torchrl.envs import env_info, make_env_fn, stacked_frames
 from acer_torchrl.evaluation import BackgroundEvaluator, InlineEvaluator, evaluation_env_config, evaluation_seed
 from acer_torchrl.health import Health, ReLUActivity, most_dead_layer
 from acer_torchrl.metrics import (MetricsLog, final_score, final_window_steps, make_loggers, os_reason,
-                                  read_summary, save_learning_curve, window_settings, write_summary)
+                                  read_summary, save_learning_curve, window_games_cut, window_settings,
+                                  write_summary)
 from acer_torchrl.objectives.common import objective
 from acer_torchrl.objectives.names import BEHAVIOUR, PRIORITY_KEY, PRIORITY_WEIGHT_KEY
 from acer_torchrl.optim import DirectStep, make_optimiser, optimiser_name, optimiser_settings
@@ -160,6 +161,7 @@ class Trainer:
         self._bar = None  # the progress bar, while the clock runs
         # rows waiting for their evaluation: (env_steps, updates, wall_s, metrics, evaluation_settings())
         self._awaiting: deque = deque()
+        self._said_games_cut = False  # the note on evaluation games cut at eval.max_steps (once a segment)
         self._saved_steps: int | None = None  # env steps of the run's latest checkpoint (None: none yet)
         self._trained_with: dict = {}  # the settings the resumed checkpoint was trained with
         self._inherited: dict | None = None  # init_from: the weights file, its SHA-256, the run it was cut from
@@ -721,11 +723,17 @@ class Trainer:
     def log_evaluations(self, results) -> None:
         """Log the rows of finished evaluations (in the order they were asked for); with ``log.progress`` and no
         terminal to draw the progress bar on (a SLURM log, a redirect), each is also one line on stderr."""
-        for env_steps, mean, std in results:
+        for env_steps, mean, std, cut in results:
             steps, updates, wall, metrics, settings = self._awaiting.popleft()
             assert steps == env_steps, (steps, env_steps)
-            evaluation = {"eval_return_mean": mean, "eval_return_std": std, **settings}
+            evaluation = {"eval_return_mean": mean, "eval_return_std": std, "eval_games_cut": cut, **settings}
             self.log.row(steps, updates, wall, {**metrics, **evaluation})
+            if cut and not self._said_games_cut:
+                self._said_games_cut = True
+                print(f"note: {cut} of the {settings['eval_episodes']} greedy games of the evaluation at {steps} env steps "
+                      f"were still running after eval.max_steps={settings['eval_max_steps']} steps; their returns so "
+                      "far count (metrics.csv: eval_games_cut); raise eval.max_steps to the env's own step limit",
+                      file=sys.stderr, flush=True)
             if self.cfg.log.progress and not sys.stderr.isatty():
                 print(self.evaluation_line(), file=sys.stderr, flush=True)
 
@@ -766,6 +774,7 @@ class Trainer:
             "eval_return_last": score.last,
             # the final score's evaluations' eval.episodes and eval.max_steps (a list where a resume changed them)
             **window_settings(self.log.rows, score.from_step, self.evaluation_settings()),
+            "final_score_games_cut": window_games_cut(self.log.rows, score.from_step),
             "wall_time_s": round(c.wall_time_s, 2),
             "env_steps_per_s": round(c.env_steps / max(c.wall_time_s, 1e-9), 1),
             # the learner process's CPU seconds per wall second: ~1 (or more, with threads) when the learner is

@@ -135,6 +135,15 @@ LEAVE_THE_NUMBERS = ("total_frames", "threads", "device", "replay.prefetch", "ev
                      "log.tensorboard", "log.wandb", "log.checkpoint_interval")
 
 
+def leaves_the_numbers(key: str, settings: dict) -> bool:
+    """Whether a resume that changed ``key`` leaves a run of ``settings`` (:func:`seed_settings`) with the numbers of
+    one that ran with the new value all along: :data:`LEAVE_THE_NUMBERS`, but ``total_frames`` where the step size
+    falls over it (``optim.lr_end_factor`` below 1: a run made longer had a schedule that jumped back up)."""
+    if key == "total_frames" and settings.get("optim.lr_end_factor", 1.0) != 1.0:
+        return False
+    return key in LEAVE_THE_NUMBERS
+
+
 def changed_on_resume(run_dir: Path) -> list[tuple[int, str, object]]:
     """``(env steps, key, value before)`` of each setting a resume of ``run_dir`` changed (its ``resumes.jsonl``)."""
     path = run_dir / "resumes.jsonl"
@@ -164,7 +173,7 @@ def not_this_seed(algo: str, preset: str, seed: int, frames: int, extra: list[st
             wanted = ", ".join(f"{k}={expected[k]}" for k in differ)
             return f"it ran with {ran}; this benchmark's seed {seed} has {wanted}"
         for env_steps, key, before in changed_on_resume(run_dir):
-            if key not in LEAVE_THE_NUMBERS and before != expected.get(key):
+            if not leaves_the_numbers(key, expected) and before != expected.get(key):
                 return (f"it ran with {key}={before} up to {env_steps} env steps (its resumes.jsonl); this benchmark's "
                         f"seed {seed} has {key}={expected.get(key)}")
     if not (run_dir / "summary.json").exists():
@@ -563,12 +572,16 @@ def benchmark(argv: list[str]) -> None:
         "threshold": args.threshold,
         "final_score_iqm": _round(iqm),
         "final_score_ci95": [_round(ci_low), _round(ci_high)],
-        "final_score_per_seed": [round(f, 1) for f in finals],
+        "final_score_per_seed": [shown(f, args.threshold) for f in finals],
         "final_score_at_threshold": (f"{sum(f >= args.threshold for f in finals)}/{args.seeds}"
                                      if args.threshold is not None else "n/a"),
         "steps_to_threshold": [s for s in reached],
         "eval_return_last_per_seed": [round(r["curve"][-1][1], 1) for r in ok],
         "eval_episodes": ok[0].get("eval_episodes") if ok else None,
+        # what each seed's final-score evaluations played: eval.episodes (a list where a resume changed it) and the
+        # games eval.max_steps cut before they ended (the table notes fewer than 10 episodes, or any game cut)
+        "eval_episodes_per_seed": [r.get("eval_episodes") for r in ok],
+        "eval_games_cut_per_seed": [r.get("final_score_games_cut", 0) for r in ok],
         "wall_time_s_per_seed": round(float(np.mean([r["wall_time_s"] for r in ok])), 1) if ok else None,
         "env_steps_per_s": round(float(np.mean([r["env_steps_per_s"] for r in ok])), 1) if ok else None,
         "curves": {str(r["seed"]): r["curve"] for r in ok},
@@ -601,6 +614,33 @@ def exact(x: float) -> str:
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
+
+
+def shown(score: float, threshold: float | None) -> float:
+    """A seed's final score as the table shows it: one decimal, more where one would put it on the other side of the
+    threshold than it is (474.96 against 475 is shown 474.96, not 475.0)."""
+    for digits in range(1, 7):
+        rounded = round(score, digits)
+        if threshold is None or (rounded >= threshold) == (score >= threshold):
+            return rounded
+    return score
+
+
+MIN_EPISODES = 10  # the project's rule: a final score's evaluations play at least 10 greedy episodes each
+
+
+def evaluation_notes(row: dict) -> str:
+    """What the table says of a row whose evaluations break the rule for a final score: fewer than
+    :data:`MIN_EPISODES` episodes, or games ``eval.max_steps`` cut before they ended (their returns so far
+    counted); empty otherwise (and for rows recorded before the row kept them)."""
+    episodes = [min(e) if isinstance(e, list) else e for e in row.get("eval_episodes_per_seed", []) if e is not None]
+    cut = sum(row.get("eval_games_cut_per_seed", []))
+    notes = []
+    if episodes and min(episodes) < MIN_EPISODES:
+        notes.append(f"evaluations of {min(episodes)} episodes, under {MIN_EPISODES}")
+    if cut:
+        notes.append(f"{cut} evaluation games cut at eval.max_steps")
+    return "".join(f" ({note})" for note in notes)
 
 
 HEADER = (
@@ -639,7 +679,7 @@ def markdown_row(row: dict, line: int) -> str:
     code = f", code {row['code']}" if "code" in row else ""
     return (
         f"| [{row['name']}]({row.get('figure', row['name'] + '.png')}) ([record]({ROWS}#L{line})){thr} | "
-        f"{row['final_score_iqm']} [{low}, {high}]{FEW_SEEDS.get(len(scores), '')}{failed} | "
+        f"{row['final_score_iqm']} [{low}, {high}]{FEW_SEEDS.get(len(scores), '')}{evaluation_notes(row)}{failed} | "
         f"{per_seed} | {row['final_score_at_threshold']} | {steps} | "
         f"{row['wall_time_s_per_seed']} | {row['env_steps_per_s']} | {row['machine']}, {row['date']}{code} | "
         f"`{row['command']}` |"

@@ -55,7 +55,7 @@ def test_a_run_from_weights_plays_the_saved_policy_and_continues_the_counters(tm
         assert (trainer.counters.env_steps, trainer.counters.updates, len(trainer.replay)) == (steps, updates, 0)
         evaluator = trainer.make_evaluator()
         evaluator.submit(steps, evaluation_seed(3, steps))
-        [(_, mean, _)] = evaluator.drain()
+        [(_, mean, _, _)] = evaluator.drain()
         evaluator.close()
     finally:
         trainer.close()

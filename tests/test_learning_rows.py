@@ -302,6 +302,41 @@ def test_a_seed_directory_of_other_settings_or_another_length_is_not_read_into_t
         learning.check_seed_dirs("acer", "cartpole", range(2), 192, settings, tmp_path)
 
 
+def test_a_seed_made_longer_on_resume_is_this_benchmarks_only_where_the_step_size_does_not_fall_over_its_length(
+        learning, tmp_path):
+    """``total_frames`` raised on resume leaves the numbers of a run that long all along, unless
+    ``optim.lr_end_factor`` < 1: the step size then fell over the first length and jumped back up."""
+    from acer_torchrl.config import dump_yaml, load_config
+
+    run_dir = tmp_path / "seed0"
+    run_dir.mkdir()
+    made_longer = {"env_steps": 192, "changed": {"total_frames": {"from": 192, "to": 384}}}
+    (run_dir / "resumes.jsonl").write_text(json.dumps(made_longer) + "\n")
+    for settings, refused in ((["optim.lr_end_factor=0.5"], True), ([], False)):
+        dump_yaml(load_config("acer", ["preset=cartpole", "seed=0", "total_frames=384", *settings]),
+                  run_dir / "config.yaml")
+        why = learning.not_this_seed("acer", "cartpole", 0, 384, settings, run_dir)
+        assert why == ("it ran with total_frames=192 up to 192 env steps (its resumes.jsonl); this benchmark's seed 0 "
+                       "has total_frames=384" if refused else None), why
+
+
+def test_per_seed_scores_are_shown_on_the_side_of_the_threshold_they_are(learning):
+    assert [learning.shown(x, 475.0) for x in (474.96, 475.0, 474.94, 499.99)] == [474.96, 475.0, 474.9, 500.0]
+    assert learning.shown(474.9999999, 475.0) == 474.9999999 and learning.shown(3.14159, None) == 3.1
+
+
+def test_a_row_whose_evaluations_break_the_final_score_rule_says_so(learning):
+    """Fewer than 10 greedy episodes an evaluation, or games cut at eval.max_steps: the score cell says it."""
+    row = {"name": "a", "threshold": None, "frames": 10, "failed": [], "final_score_ci95": [1.0, 2.0],
+           "final_score_iqm": 1.5, "final_score_per_seed": [1.0, 2.0], "steps_to_threshold": [],
+           "final_score_at_threshold": "n/a", "wall_time_s_per_seed": 1.0, "env_steps_per_s": 1.0, "machine": "m",
+           "date": "d", "command": "c"}
+    assert "(evaluations" not in learning.markdown_row(row, 1) and "cut" not in learning.markdown_row(row, 1)
+    row.update(eval_episodes_per_seed=[10, [3, 10]], eval_games_cut_per_seed=[0, 4])
+    assert "1.5 [1.0, 2.0] (2 seeds: mean [min, max]) (evaluations of 3 episodes, under 10) (4 evaluation games cut at " \
+           "eval.max_steps) |" in learning.markdown_row(row, 1)
+
+
 def test_failed_and_diverged_seeds_are_named_and_a_row_of_failures_is_not_written(learning, tmp_path, monkeypatch):
     """A seed that failed is named in the row and the benchmark exits 1 after writing the others; with every seed
     failed there is no row (it would stand for the benchmark, or replace its row with --replace) and the partial

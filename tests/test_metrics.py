@@ -1,6 +1,7 @@
 """The final score (a run's mean greedy return over the last 10 % of its env steps) against a plain
 reading of its definition, and the trainer's evaluation schedule that fills its window."""
 
+import csv
 import json
 import os
 import signal
@@ -118,8 +119,30 @@ def test_short_run_evaluates_three_times_in_its_final_window(tmp_path):
     # each evaluation's row says what it played (a resume may change eval.episodes and eval.max_steps)
     played = {(r[rows[0].index("eval_episodes")], r[rows[0].index("eval_max_steps")]) for r in rows[1:] if r[column]}
     assert played == {("2", "50")}
+    # and how many of its games eval.max_steps cut: summary.json counts those of the final score's evaluations
+    cut = [int(r[rows[0].index("eval_games_cut")]) for r in rows[1:] if r[column]]
+    assert summary["final_score_games_cut"] == sum(cut)
     # the last update (in the batch that reached total_frames) stepped with lr x lr_end_factor
     assert float(rows[-1][rows[0].index("lr")]) == pytest.approx(0.0005)
+
+
+@pytest.mark.integration
+def test_evaluation_games_cut_at_max_steps_are_counted_and_said(tmp_path, capsys):
+    """``eval.max_steps`` below a game's length (no CartPole game ends within 5 steps): every game is cut, its
+    return so far counted; each row says how many, summary.json sums the final score's, and one note says so."""
+    from acer_torchrl.cli import run
+
+    summary = run("acer", ["total_frames=128", "collector.workers=0", "collector.frames_per_batch=32",
+                           "replay.min_size=64", "replay.batch_size=4", "network.hidden=[16]", "eval.interval=64",
+                           "eval.episodes=3", "eval.max_steps=5", "eval.background=false", "log.progress=false",
+                           f"run_dir={tmp_path}"])
+    rows = [r for r in csv.DictReader((tmp_path / "metrics.csv").open()) if r["eval_return_mean"]]
+    assert [(r["eval_return_mean"], r["eval_games_cut"]) for r in rows] == [("5.0", "3")] * len(rows) and len(rows) >= 3
+    assert summary["final_score_games_cut"] == 3 * summary["final_score_evaluations"]
+    notes = [line for line in capsys.readouterr().err.splitlines() if "eval_games_cut" in line]
+    assert notes == [f"note: 3 of the 3 greedy games of the evaluation at {rows[0]['env_steps']} env steps were still "
+                     "running after eval.max_steps=5 steps; their returns so far count (metrics.csv: eval_games_cut); "
+                     "raise eval.max_steps to the env's own step limit"]
 
 
 def test_summary_names_every_evaluation_setting_its_final_window_mixed():
@@ -171,18 +194,20 @@ def test_evaluation_plays_each_games_first_episode(max_steps):
     policy = TensorDictModule(AngleOnly(), in_keys=["observation"], out_keys=["action"])
     env = make_env(evaluation_env_config(cfg.env, games=6))
     torch_state = torch.get_rng_state()
-    mean, std = evaluate(policy, env, cfg.eval.max_steps, seed=40)
+    mean, std, cut = evaluate(policy, env, cfg.eval.max_steps, seed=40)
     assert torch.equal(torch.get_rng_state(), torch_state)
     evaluate(policy, env, cfg.eval.max_steps, seed=41)
-    assert evaluate(policy, env, cfg.eval.max_steps, seed=40) == (mean, std)
-    alone = []
+    assert evaluate(policy, env, cfg.eval.max_steps, seed=40) == (mean, std, cut)
+    alone, ended = [], 0
     for i in range(6):
         single = make_env(evaluation_env_config(cfg.env), seed=40 + i)
         rollout = single.rollout(max_steps, policy, break_when_any_done=True)
         alone.append(float(rollout.get(("next", "reward")).sum()))
+        ended += bool(rollout.get(("next", "done"))[-1])
     assert len(set(alone)) > 1 or max_steps == 30  # the games differ: a mean over the wrong episodes would show
     assert mean == pytest.approx(np.mean(alone))
     assert std == pytest.approx(np.std(alone))
+    assert cut == 6 - ended and (cut > 0) == (max_steps == 30)  # the games eval.max_steps cut before they ended
 
 
 class Lean(torch.nn.Module):
@@ -296,7 +321,7 @@ def test_evaluations_finished_before_the_process_is_given_up_are_handed_out_with
     evaluator = BackgroundEvaluator.__new__(BackgroundEvaluator)  # no process: its replies are scripted
     evaluator._unfinished = deque([(0, 7, b""), (1, 8, b"")])
     evaluator._finished = []
-    replies = iter([(0, 1.0, 0.0), HelperDied("the evaluation process died, 3 times in a row"), (1, 2.0, 0.0)])
+    replies = iter([(0, 1.0, 0.0, 0), HelperDied("the evaluation process died, 3 times in a row"), (1, 2.0, 0.0, 0)])
 
     def reply(block):
         if not evaluator._unfinished:
@@ -310,7 +335,7 @@ def test_evaluations_finished_before_the_process_is_given_up_are_handed_out_with
     evaluator._reply = reply
     with pytest.raises(HelperDied):
         evaluator.drain()
-    assert evaluator.drain() == [(0, 1.0, 0.0), (1, 2.0, 0.0)]
+    assert evaluator.drain() == [(0, 1.0, 0.0, 0), (1, 2.0, 0.0, 0)]
     assert evaluator.drain() == [] and evaluator.results() == []
 
 

@@ -308,7 +308,7 @@ def test_a_due_checkpoint_waits_for_the_evaluation_in_play_at_most_half_an_inter
         assert not trainer.checkpoint_due()
     c.env_steps = 1500
     assert trainer.checkpoint_due() and trainer._awaiting, "half an interval late: due, and checkpoint() waits"
-    c.env_steps, trainer.evaluator.finished = 1200, [(1000, 42.0, 0.0)]
+    c.env_steps, trainer.evaluator.finished = 1200, [(1000, 42.0, 0.0, 0)]
     assert trainer.checkpoint_due() and not trainer._awaiting  # its row logged first
     assert trainer.log.rows[-1]["env_steps"] == 1000 and trainer.log.rows[-1]["eval_return_mean"] == 42.0
 

@@ -126,6 +126,7 @@ PRESETS: dict[str, dict[str, object]] = {
     "atari": {
         **_ATARI,
         "env.name": "ALE/Pong-v5",
+        "eval.max_steps": 27_000,  # whole games: ALE's own limit, 108 000 frames at a frame skip of 4
         "total_frames": 10_000_000,
         # in RAM: each 84x84 frame is stored once (frame_store.py), ~9 KB a step with its ring's margin
         "eval.interval": 250_000,
@@ -136,6 +137,7 @@ PRESETS: dict[str, dict[str, object]] = {
     "atari_gpu": {
         **_ATARI,
         "env.name": "ALE/Pong-v5",
+        "eval.max_steps": 27_000,  # whole games: ALE's own limit, 108 000 frames at a frame skip of 4
         "device": "cuda",
         "total_frames": 10_000_000,
         "collector.workers": 8,

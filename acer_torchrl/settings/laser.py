@@ -119,6 +119,7 @@ PRESETS: dict[str, dict] = {
     "atari": {
         **_ATARI,
         "env.name": "ALE/Pong-v5",
+        "eval.max_steps": 27_000,  # whole games: ALE's own limit, 108 000 frames at a frame skip of 4
         "gamma": 0.995,
         "total_frames": 10_000_000,
         # in RAM: each 84x84 frame is stored once (frame_store.py), ~9 KB a step with its ring's margin
@@ -131,6 +132,7 @@ PRESETS: dict[str, dict] = {
     "atari_gpu": {
         **_ATARI,
         "env.name": "ALE/Pong-v5",
+        "eval.max_steps": 27_000,  # whole games: ALE's own limit, 108 000 frames at a frame skip of 4
         "device": "cuda",
         "gamma": 0.995,
         "total_frames": 10_000_000,

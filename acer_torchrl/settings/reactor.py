@@ -151,6 +151,7 @@ PRESETS = {
     "atari": {
         **_ATARI,
         "env.name": "ALE/Pong-v5",
+        "eval.max_steps": 27_000,  # whole games: ALE's own limit, 108 000 frames at a frame skip of 4
         "env.frame_stack": 1,
         "total_frames": 10_000_000,
         "replay.capacity": 500_000,  # ~10 GB memmap: both observations and the acting outputs are stored
@@ -162,6 +163,7 @@ PRESETS = {
     "atari_gpu": {
         **_ATARI,
         "env.name": "ALE/Pong-v5",
+        "eval.max_steps": 27_000,  # whole games: ALE's own limit, 108 000 frames at a frame skip of 4
         "env.frame_stack": 1,
         "device": "cuda",
         "total_frames": 10_000_000,
