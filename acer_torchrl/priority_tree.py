@@ -14,6 +14,9 @@ of the nearest assigned slot before it (those before the block's first assigned 
 unassigned slot of the block gets ``p_hat = sum_i |I_i| p_i / sum_i |I_i|`` (the paper's cell-length weights
 ``w_i = |I_i|``, correcting for assigned windows being denser where priorities are high). A block with no assigned
 slot uses the same length-weighted mean over all blocks that have one (1 before anything is assigned: uniform).
+So fresh experience, written a batch at a time over whole blocks (Reactor's presets: 128 steps, 4 blocks of 32),
+starts at that replay-wide mean, not at the priority of the steps written just before it (the paper's cells may
+reach across blocks); the neighbours' estimate applies within a block once one of its windows was trained on.
 
 Cost: a draw or an update is ``O(log n_blocks + block)`` per window, vectorised over the batch: a sum tree over
 blocks (:class:`SumTree`) with four channels -- the mass of blocks that have an assigned slot, their stored steps

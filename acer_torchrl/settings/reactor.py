@@ -68,7 +68,12 @@ class ReactorConfig:
                               f"{FLOAT32_TINY:.3g})")
 
 
-# Table 1 and sec. 3.4 (Atari), shared by the atari and minatar presets
+# Table 1 and sec. 3.4 (Atari), shared by the atari and minatar presets. Where they depart from the ICLR 2018 text
+# (sec. 3.4: "4-6 acting steps per each learning step", "sequences of length 33 in batches of 4"; sec. 3.4.1: Adam
+# at 5e-5 "and zero momentum because asynchronous updates induce implicit momentum"): one learning step of 32
+# sequences per 128 acting steps, ~8 replayed steps per acted step where the paper's 4 per ~5 give ~26 (fewer, larger
+# updates: the learner's cost on CPU), and Adam's default beta1 = 0.9 (one synchronous learner: no asynchrony to
+# supply the momentum)
 _ATARI = {
     "network.lstm": True,
     "network.lstm_hidden": 128,
