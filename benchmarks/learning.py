@@ -663,7 +663,7 @@ HEADER = (
 def markdown_row(row: dict, line: int) -> str:
     """``row`` (the benchmark's JSON record) as a line of the results table, its name linking its curves (its own
     ``<name>.png``, or the figure it shares: :func:`shared_figure`) and its record (``line``, its line of
-    ``learning-rows.jsonl``: ``#L<line>``, where a repository's file view scrolls to). A row of 2 to 4 seeds says that its CI is their [min, max] (:data:`FEW_SEEDS`): the
+    ``learning-rows.jsonl``: ``#L<line>``, where a repository's file view scrolls to). A row of 1 to 4 seeds says that its CI is their [min, max] (:data:`FEW_SEEDS`): the
     interval adds nothing to the seeds. A diverged seed's score is marked; the code it ran is named (rows of before
     2026-11-29 have no record of it)."""
     steps = ", ".join("-" if s is None else str(s) for s in row["steps_to_threshold"]) or "n/a"
@@ -688,7 +688,7 @@ def markdown_row(row: dict, line: int) -> str:
 
 # what the IQM and its 95 % CI are for so few seeds that the CI is exactly their [min, max] (:func:`iqm_with_ci`;
 # rliable's IQM trims a quarter of the seeds at each end, none of 2 or 3)
-FEW_SEEDS = {2: " (2 seeds: mean [min, max])", 3: " (3 seeds: mean [min, max])",
+FEW_SEEDS = {1: " (1 seed: no interval)", 2: " (2 seeds: mean [min, max])", 3: " (3 seeds: mean [min, max])",
              4: " (4 seeds: mean of the middle two [min, max])"}
 
 
