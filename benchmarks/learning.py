@@ -314,11 +314,30 @@ def restore_partial(folder: Path, bench_dir: Path, ran: dict) -> list[int]:
             shutil.copyfile(folder / f"seed{seed}-config.yaml", run_dir / "config.yaml")
         shutil.copyfile(summary, run_dir / "summary.json")
         restored.append(seed)
-    for ledger in (WALL, PROVENANCE):
-        if (folder / ledger).exists() and not (bench_dir / ledger).exists():
-            bench_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(folder / ledger, bench_dir / ledger)
+    merge_ledgers(folder, bench_dir)
     return restored
+
+
+def merge_ledgers(folder: Path, bench_dir: Path) -> None:
+    """The wall-time and provenance ledgers of the record ``folder`` into ``bench_dir``: copied where it has none;
+    else its invocations put before ``bench_dir``'s (they ran first) and their seconds added, so that the row names
+    the code and machines the restored seeds ran on and counts their time. A record whose invocations ``bench_dir``
+    has already (one it was written from, or restored before) adds nothing."""
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    if not (bench_dir / PROVENANCE).exists():
+        for ledger in (WALL, PROVENANCE):
+            if (folder / ledger).exists():
+                shutil.copyfile(folder / ledger, bench_dir / ledger)
+        return
+    ours = json.loads((bench_dir / PROVENANCE).read_text())
+    theirs = json.loads((folder / PROVENANCE).read_text()) if (folder / PROVENANCE).exists() else None
+    if theirs is not None and all(r in ours for r in theirs):
+        return
+    (bench_dir / PROVENANCE).write_text(json.dumps((theirs or [None]) + ours) + "\n")
+    walls = [json.loads(p.read_text()) if p.exists() else {} for p in (folder / WALL, bench_dir / WALL)]
+    totals = {key: None if any(w.get(key) is None for w in walls) else sum(w[key] for w in walls)
+              for key in ("seconds", "invocations")}
+    _write_wall(bench_dir, {**totals, "open": walls[1].get("open", False)})
 
 
 def iqm_with_ci(scores: list[float], reps: int = 50_000, seed: int = 0) -> tuple[float, float, float]:

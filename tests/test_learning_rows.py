@@ -302,6 +302,25 @@ def test_a_seed_directory_of_other_settings_or_another_length_is_not_read_into_t
         learning.check_seed_dirs("acer", "cartpole", range(2), 192, settings, tmp_path)
 
 
+def test_a_record_restored_into_a_benchmark_with_ledgers_of_its_own_adds_its_invocations_once(learning, tmp_path):
+    """``--resume X --restore-partial`` where X has run already: the row names the code and machines of the restored
+    seeds' invocations too, and counts their time; restored again, nothing is counted twice."""
+    folder, bench = tmp_path / "record", tmp_path / "bench"
+    folder.mkdir()
+    bench.mkdir()
+    ran = learning.what_ran("acer", "cartpole", 192, [])
+    (folder / "benchmark.json").write_text(json.dumps(ran) + "\n")
+    there, here = {"code": "aaa", "machine": "m1", "date": "d1"}, {"code": "bbb", "machine": "m2", "date": "d2"}
+    (folder / learning.PROVENANCE).write_text(json.dumps([there]))
+    (folder / learning.WALL).write_text(json.dumps({"seconds": 100.0, "invocations": 1, "open": False}))
+    (bench / learning.PROVENANCE).write_text(json.dumps([here]))
+    (bench / learning.WALL).write_text(json.dumps({"seconds": 5.0, "invocations": 1, "open": False}))
+    for _ in range(2):
+        assert learning.restore_partial(folder, bench, ran) == []
+        assert json.loads((bench / learning.PROVENANCE).read_text()) == [there, here]
+        assert json.loads((bench / learning.WALL).read_text()) == {"seconds": 105.0, "invocations": 2, "open": False}
+
+
 def test_a_seed_made_longer_on_resume_is_this_benchmarks_only_where_the_step_size_does_not_fall_over_its_length(
         learning, tmp_path):
     """``total_frames`` raised on resume leaves the numbers of a run that long all along, unless
