@@ -613,6 +613,8 @@ def benchmark(argv: list[str]) -> None:
         "invocations": ledger["invocations"],
         "command": command,
         **summarize(invocations, "invocations"),
+        # the code each seed's run trained on (its summary.json's segments): a seed resumed by hand elsewhere too
+        "seed_code": ", ".join(dict.fromkeys(part for r in ok for part in str(r.get("code") or "").split(", ") if part)),
     }
     write_row(args.results / ROWS, row)
     put_markdown_row(row, args.results / "learning.md")
@@ -696,6 +698,8 @@ def markdown_row(row: dict, line: int) -> str:
     per_seed = ", ".join(f"{v}" + (" (diverged)" if seed in row.get("diverged_seeds", []) else "")
                          for seed, v in zip(seeds, scores))
     code = f", code {row['code']}" if "code" in row else ""
+    if any(part not in row.get("code", "").split(", ") for part in filter(None, row.get("seed_code", "").split(", "))):
+        code += f" (seeds trained on {row['seed_code']})"  # not only on the code the benchmark ran
     return (
         f"| [{row['name']}]({row.get('figure', row['name'] + '.png')}) ([record]({ROWS}#L{line})){thr} | "
         f"{row['final_score_iqm']} [{low}, {high}]{FEW_SEEDS.get(len(scores), '')}{evaluation_notes(row)}{failed} | "

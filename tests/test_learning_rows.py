@@ -321,6 +321,16 @@ def test_a_record_restored_into_a_benchmark_with_ledgers_of_its_own_adds_its_inv
         assert json.loads((bench / learning.WALL).read_text()) == {"seconds": 105.0, "invocations": 2, "open": False}
 
 
+def test_a_row_names_the_code_its_seeds_trained_on_where_the_benchmark_ran_other_code(learning):
+    row = {"name": "a", "threshold": None, "frames": 10, "failed": [], "final_score_ci95": [1.0, 2.0],
+           "final_score_iqm": 1.5, "final_score_per_seed": [1.0, 2.0], "steps_to_threshold": [],
+           "final_score_at_threshold": "n/a", "wall_time_s_per_seed": 1.0, "env_steps_per_s": 1.0, "machine": "m",
+           "date": "d", "command": "c", "code": "bbb, ccc", "seed_code": "bbb"}
+    assert ", code bbb, ccc |" in learning.markdown_row(row, 1)
+    row["seed_code"] = "aaa, bbb"  # a seed resumed by hand on other code
+    assert ", code bbb, ccc (seeds trained on aaa, bbb) |" in learning.markdown_row(row, 1)
+
+
 def test_a_seed_made_longer_on_resume_is_this_benchmarks_only_where_the_step_size_does_not_fall_over_its_length(
         learning, tmp_path):
     """``total_frames`` raised on resume leaves the numbers of a run that long all along, unless
