@@ -153,6 +153,16 @@ def test_atari_pong_frames_are_uint8_stacks():
     assert env_info(EnvConfig("ALE/Pong-v5", frame_stack=1)).obs_shape == (1, 84, 84)
 
 
+def test_the_atari_presets_evaluate_whole_games():
+    """``ATARI_EPISODE_STEPS`` (the Atari presets' ``eval.max_steps``) is ALE's own episode limit in agent steps."""
+    from acer_torchrl.envs import _register_atari
+    from acer_torchrl.settings.env import ATARI_EPISODE_STEPS
+
+    _register_atari()
+    frames = gym.registry["ALE/Pong-v5"].kwargs["max_num_frames_per_episode"]
+    assert ATARI_EPISODE_STEPS == frames // EnvConfig().frame_skip
+
+
 def test_atari_noop_starts_and_frame_skip():
     """ale-py counts emulator frames: no-op starts add 0..noop_max frames, a step adds frame_skip."""
     venv = atari_vector_env(EnvConfig("ALE/Pong-v5", noop_max=0, frame_skip=3), num_envs=2)

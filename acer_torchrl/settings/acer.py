@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from acer_torchrl.settings import Algorithm
+from acer_torchrl.settings.env import ATARI_EPISODE_STEPS
 from acer_torchrl.validation import MAX_WIDTH, ConfigError, allowed
 
 if TYPE_CHECKING:
@@ -126,7 +127,7 @@ PRESETS: dict[str, dict[str, object]] = {
     "atari": {
         **_ATARI,
         "env.name": "ALE/Pong-v5",
-        "eval.max_steps": 27_000,  # whole games: ALE's own limit, 108 000 frames at a frame skip of 4
+        "eval.max_steps": ATARI_EPISODE_STEPS,  # whole games
         "total_frames": 10_000_000,
         # in RAM: each 84x84 frame is stored once (frame_store.py), ~9 KB a step with its ring's margin
         "eval.interval": 250_000,
@@ -137,7 +138,7 @@ PRESETS: dict[str, dict[str, object]] = {
     "atari_gpu": {
         **_ATARI,
         "env.name": "ALE/Pong-v5",
-        "eval.max_steps": 27_000,  # whole games: ALE's own limit, 108 000 frames at a frame skip of 4
+        "eval.max_steps": ATARI_EPISODE_STEPS,  # whole games
         "device": "cuda",
         "total_frames": 10_000_000,
         "collector.workers": 8,

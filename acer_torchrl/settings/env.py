@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from acer_torchrl.validation import allowed
 
 
+# ALE's own episode limit (108 000 frames, its v5 ids') in agent steps at the default frame skip of 4: what the Atari
+# presets' evaluations play (eval.max_steps), so that their games end as the game does
+ATARI_EPISODE_STEPS = 27_000
+
+
 @allowed(num_envs="[1, 1024]", frame_skip="[1, 1000]", noop_max="[0, inf)", frame_stack="[1, 64]",
          max_episode_steps="[1, inf)", repeat_action_probability="[0, 1]")
 @dataclass

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from acer_torchrl.objectives.names import PG_ESTIMATORS
 from acer_torchrl.settings import Algorithm
+from acer_torchrl.settings.env import ATARI_EPISODE_STEPS
 from acer_torchrl.validation import MAX_WIDTH, ConfigError, allowed
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ PRESETS = {
     "atari": {
         **_ATARI,
         "env.name": "ALE/Pong-v5",
-        "eval.max_steps": 27_000,  # whole games: ALE's own limit, 108 000 frames at a frame skip of 4
+        "eval.max_steps": ATARI_EPISODE_STEPS,  # whole games
         "env.frame_stack": 1,
         "total_frames": 10_000_000,
         "replay.capacity": 500_000,  # ~10 GB memmap: both observations and the acting outputs are stored
@@ -168,7 +169,7 @@ PRESETS = {
     "atari_gpu": {
         **_ATARI,
         "env.name": "ALE/Pong-v5",
-        "eval.max_steps": 27_000,  # whole games: ALE's own limit, 108 000 frames at a frame skip of 4
+        "eval.max_steps": ATARI_EPISODE_STEPS,  # whole games
         "env.frame_stack": 1,
         "device": "cuda",
         "total_frames": 10_000_000,
