@@ -108,6 +108,9 @@ def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extr
     summary["curve"] = read_curve(run_dir)
     summary["seed"] = seed
     summary["final_score"] = final_score(summary["curve"], summary["env_steps"]).mean
+    if not math.isfinite(summary["final_score"]):  # a NaN return (a NaN reward): no score to put in a row
+        return {"seed": seed, "failed": f"final score {summary['final_score']} (an evaluation returned it, see "
+                                        f"{run_dir / 'metrics.csv'})"}
     return summary
 
 

@@ -331,6 +331,14 @@ def test_a_row_names_the_code_its_seeds_trained_on_where_the_benchmark_ran_other
     assert ", code bbb, ccc (seeds trained on aaa, bbb) |" in learning.markdown_row(row, 1)
 
 
+def test_a_seed_whose_final_score_is_not_a_number_is_a_failed_seed(learning, tmp_path):
+    """An evaluation that returned NaN (a NaN reward) made the seed's score NaN, and the row's IQM with it."""
+    run_dir = tmp_path / "seed0"
+    finished_seed(run_dir, score=float("nan"))
+    assert learning.run_seed("acer", "cartpole", 0, 192, run_dir, []) == {
+        "seed": 0, "failed": f"final score nan (an evaluation returned it, see {run_dir / 'metrics.csv'})"}
+
+
 def test_a_seed_made_longer_on_resume_is_this_benchmarks_only_where_the_step_size_does_not_fall_over_its_length(
         learning, tmp_path):
     """``total_frames`` raised on resume leaves the numbers of a run that long all along, unless
