@@ -75,7 +75,7 @@ def window_settings(rows: list[dict], from_step: int, defaults: dict[str, int]) 
     """The evaluation settings (``defaults``' keys: ``eval_episodes``, ``eval_max_steps``) of the evaluation rows from
     ``from_step`` on (a final score's window): each setting's value, or the sorted list of its values where a resume
     changed it within the window. A row without the setting (logged before rows recorded it) counts as ``defaults``'."""
-    window = [r for r in rows if "eval_return_mean" in r and r["env_steps"] >= from_step]
+    window = window_evaluations(rows, from_step)
     settings = {}
     for key, default in defaults.items():
         values = sorted({int(r.get(key, default)) for r in window} or {default})
@@ -86,7 +86,12 @@ def window_settings(rows: list[dict], from_step: int, defaults: dict[str, int]) 
 def window_games_cut(rows: list[dict], from_step: int) -> int:
     """The greedy games of the evaluation rows from ``from_step`` on (a final score's window) that ``eval.max_steps``
     cut before they ended (their returns so far counted): ``eval_games_cut``, 0 in rows logged before it was."""
-    return sum(int(r.get("eval_games_cut", 0)) for r in rows if "eval_return_mean" in r and r["env_steps"] >= from_step)
+    return sum(int(r.get("eval_games_cut", 0)) for r in window_evaluations(rows, from_step))
+
+
+def window_evaluations(rows: list[dict], from_step: int) -> list[dict]:
+    """The evaluation rows of ``rows`` from ``from_step`` on (a final score's window)."""
+    return [r for r in rows if "eval_return_mean" in r and r["env_steps"] >= from_step]
 
 
 def make_loggers(run_dir: Path, tensorboard: bool = False, wandb: bool = False,

@@ -416,12 +416,11 @@ def test_a_local_sweeps_periodic_checkpoints_hold_every_agents_steps_in_the_shar
     so that the replay it saves holds each agent's steps up to that agent's own checkpoint. (Taken inside agent 0's
     step, it lacked the round's batch of agent 1, which agent 1's checkpoint counted: a sweep killed with SIGKILL
     resumed with agent 1's last batch missing from the replay.)"""
-    seen = []
+    seen, taken = [], SweepAgentTrainer.periodic_checkpoint
 
     def periodic_checkpoint(self):
-        SweepAgentTrainer.checkpoint(self)
+        taken(self)
         seen.append((self._shared_handle.agent_id, self.counters.env_steps, self._shared_handle.shared.agent_counts()))
-        self.counters.next_checkpoint += self.cfg.log.checkpoint_interval
 
     monkeypatch.setattr(SweepAgentTrainer, "periodic_checkpoint", periodic_checkpoint)
     run(["agents=2", f"run_dir={tmp_path}", *SMOKE[:-1], "total_frames=384", "log.checkpoint_interval=128"])
