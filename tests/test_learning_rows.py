@@ -369,6 +369,8 @@ def test_a_row_whose_evaluations_break_the_final_score_rule_says_so(learning):
            "final_score_at_threshold": "n/a", "wall_time_s_per_seed": 1.0, "env_steps_per_s": 1.0, "machine": "m",
            "date": "d", "command": "c"}
     assert "(evaluations" not in learning.markdown_row(row, 1) and "cut" not in learning.markdown_row(row, 1)
+    one_seed = {**row, "final_score_per_seed": [1.5], "final_score_ci95": [1.5, 1.5]}
+    assert "1.5 [1.5, 1.5] (1 seed: no interval) |" in learning.markdown_row(one_seed, 1)
     row.update(eval_episodes_per_seed=[10, [3, 10]], eval_games_cut_per_seed=[0, 4])
     assert "1.5 [1.0, 2.0] (2 seeds: mean [min, max]) (evaluations of 3 episodes, under 10) (4 evaluation games cut at " \
            "eval.max_steps) |" in learning.markdown_row(row, 1)
