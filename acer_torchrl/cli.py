@@ -161,7 +161,8 @@ def capped(line: str, most: int = 600) -> str:
 
 
 def warn_if_diverged(summary: dict) -> None:
-    """Repeat a divergence (summary.json's ``health``) under the final line, where it cannot scroll away."""
+    """Repeat a divergence or an evaluation that is not finite (summary.json's ``health``) under the final line, where
+    it cannot scroll away."""
     health = summary.get("health", {})
     if health.get("status") == "diverged":
         print(
@@ -169,3 +170,7 @@ def warn_if_diverged(summary: dict) -> None:
             "summary.json); lower optim.lr",
             file=sys.stderr,
         )
+    elif health.get("status") == "evaluation_not_finite":
+        print(f"warning: the greedy evaluation at {health['evaluation']['env_steps']} env steps had a mean return of "
+              f"{health['evaluation']['value']} (see health in summary.json): a game's reward was not finite",
+              file=sys.stderr)

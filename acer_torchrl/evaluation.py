@@ -74,7 +74,8 @@ def evaluate(policy, env: EnvBase, max_steps: int, seed: int) -> tuple[float, fl
         td = env.reset()
         for _ in range(max_steps):
             step, td = env.step_and_maybe_reset(policy(td))
-            returns += step.get(("next", "reward")).reshape(games).double() * ~finished
+            # a game's steps after its first episode are ignored, whatever they hold (not multiplied by 0: inf * 0 is NaN)
+            returns += torch.where(finished, 0.0, step.get(("next", "reward")).reshape(games).double())
             finished |= step.get(("next", "done")).reshape(games)
             if finished.all():
                 break

@@ -20,6 +20,10 @@ update, its env steps, the statistic and its value there):
   ``LOSS_FACTOR`` times its level at the start of learning (the largest of its first ``START_ROWS`` rows, and at
   least ``max|r|^2``). Replaying a run's ``metrics.csv`` through it gives the decision the run made.
 
+A greedy evaluation whose mean return is not finite (a game's reward was NaN or infinite) sets the status to
+``evaluation_not_finite`` unless the run diverged (:meth:`Health.observe_evaluation`; one warning line): the final
+score over it is not a number, and the run goes on.
+
 A noisy run, whose spikes last a few updates or stay within these limits, stays ``ok``. A critic loss that grows
 slowly past ``NOTE_FACTOR`` times its start level without reaching the diverged limit is noted (one line, and
 ``health``'s ``critic_loss_growth``: its largest factor and where): ACER CartPole's critic grew ~300x over 300k steps
@@ -88,6 +92,7 @@ class Health:
         self.diverged: dict | None = None  # the first update where it went wrong
         self.critic_growth: dict | None = None  # the critic loss's largest factor over its start, once >= NOTE_FACTOR
         self.liveness: dict[str, dict] = {}  # dead_units / mean_outside_bounds: where each was first noted
+        self.evaluation_not_finite: dict | None = None  # the first greedy evaluation whose mean return is not a number
 
     def watched(self, stats: dict[str, float]) -> dict[str, float]:
         return {k: v for k, v in stats.items() if k.startswith("loss_") or k == "grad_norm" or k in self.value_keys}
@@ -207,6 +212,16 @@ class Health:
         limits.append(("loss_critic", row["loss_critic"], LOSS_FACTOR * start, why))
         return limits
 
+    def observe_evaluation(self, mean: float, env_steps: int) -> str | None:
+        """A greedy evaluation's mean return at ``env_steps``; returns a warning line the first time one is not finite
+        (a game's reward was NaN or infinite: the final score over it is not a number either)."""
+        if math.isfinite(mean) or self.evaluation_not_finite is not None:
+            return None
+        self.evaluation_not_finite = {"env_steps": env_steps, "value": str(mean)}
+        return (f"warning: the greedy evaluation at {env_steps} env steps has a mean return of {mean} (a game's reward "
+                "was not finite); a final score over it is not a number either (summary.json: health.status "
+                "evaluation_not_finite); the run goes on")
+
     def _flag(self, key: str, value: float, update: int, env_steps: int, why: str) -> str:
         shown = value if math.isfinite(value) else str(value)  # summary.json stays standard JSON
         self.diverged = {"update": update, "env_steps": env_steps, "statistic": key, "value": shown}
@@ -216,10 +231,16 @@ class Health:
         )
 
     def summary(self) -> dict:
-        """The ``health`` entry of ``summary.json``: ``{"status": "ok"}``, or ``"diverged"`` and where; with
-        ``critic_loss_growth`` once the critic loss reached ``NOTE_FACTOR`` times its start level, and ``dead_units`` /
-        ``mean_outside_bounds`` once noted."""
-        status = {"status": "ok"} if self.diverged is None else {"status": "diverged", **self.diverged}
+        """The ``health`` entry of ``summary.json``: ``{"status": "ok"}``, or ``"diverged"`` and where, or
+        ``"evaluation_not_finite"`` and the first such evaluation (``evaluation``); with ``critic_loss_growth`` once the
+        critic loss reached ``NOTE_FACTOR`` times its start level, and ``dead_units`` / ``mean_outside_bounds`` once
+        noted."""
+        if self.diverged is not None:
+            status = {"status": "diverged", **self.diverged}
+        elif self.evaluation_not_finite is not None:
+            status = {"status": "evaluation_not_finite", "evaluation": dict(self.evaluation_not_finite)}
+        else:
+            status = {"status": "ok"}
         if self.critic_growth is not None:
             status["critic_loss_growth"] = dict(self.critic_growth)
         return {**status, **{k: dict(v) for k, v in self.liveness.items()}}
@@ -227,7 +248,8 @@ class Health:
     def state(self) -> dict:
         return {"scale": dict(self.scale), "diverged": self.diverged, "critic_growth": self.critic_growth,
                 "reward_max": self.reward_max, "liveness": {k: dict(v) for k, v in self.liveness.items()},
-                "critic_start": list(self.critic_start), "row_streak": {k: list(v) for k, v in self.row_streak.items()}}
+                "critic_start": list(self.critic_start), "row_streak": {k: list(v) for k, v in self.row_streak.items()},
+                "evaluation_not_finite": self.evaluation_not_finite}
 
     def load_state(self, state: dict) -> None:
         self.scale = dict(state.get("scale", {}))
@@ -237,6 +259,7 @@ class Health:
         self.reward_max = state.get("reward_max", 0.0)
         self.critic_start = list(state.get("critic_start", []))
         self.row_streak = {k: tuple(v) for k, v in state.get("row_streak", {}).items()}
+        self.evaluation_not_finite = state.get("evaluation_not_finite")
 
 
 def persisting(streaks: dict, key: str, past: bool, here: tuple[int, int, float], patience: int) -> tuple | None:

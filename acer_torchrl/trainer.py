@@ -728,6 +728,9 @@ class Trainer:
             assert steps == env_steps, (steps, env_steps)
             evaluation = {"eval_return_mean": mean, "eval_return_std": std, "eval_games_cut": cut, **settings}
             self.log.row(steps, updates, wall, {**metrics, **evaluation})
+            warning = self.health.observe_evaluation(mean, steps)
+            if warning is not None:
+                tqdm.write(warning, file=sys.stderr)
             if cut and not self._said_games_cut:
                 self._said_games_cut = True
                 print(f"note: {cut} of the {settings['eval_episodes']} greedy games of the evaluation at {steps} env steps "
@@ -782,7 +785,8 @@ class Trainer:
             "learner_cpu_per_wall_s": round(c.learner_cpu_s / max(c.wall_time_s, 1e-9), 3),
             "collector_dropped_steps": self.replay.steps_missing,
             "restarts": c.restarts,
-            "health": self.health.summary(),  # ok, or diverged at its first bad update (acer_torchrl.health)
+            # ok, diverged at its first bad update, or a greedy evaluation not finite (acer_torchrl.health)
+            "health": self.health.summary(),
             # the code and machines of the run's segments (provenance.jsonl: each one's packages too) and its dates
             **summarize(contributing(records := segments(self.run_dir))), **started_from(records),
             "run_dir": str(self.run_dir),

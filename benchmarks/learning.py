@@ -611,6 +611,10 @@ def benchmark(argv: list[str]) -> None:
         "failed": failed,
         # seeds whose run the health watch marked diverged (acer_torchrl.health): in the scores, marked in the table
         "diverged_seeds": [r["seed"] for r in ok if r.get("health", {}).get("status") == "diverged"],
+        # seeds with a greedy evaluation whose mean return was not finite (outside the final score's window, or the
+        # seed failed), marked in the table the same way
+        "evaluation_not_finite_seeds": [r["seed"] for r in ok
+                                        if r.get("health", {}).get("status") == "evaluation_not_finite"],
         "final_score_evaluations": [r.get("final_score_evaluations") for r in ok],
         "total_wall_s": _round(ledger["seconds"]),  # every invocation's (None: an earlier one left no record)
         "invocations": ledger["invocations"],
@@ -688,7 +692,8 @@ def markdown_row(row: dict, line: int) -> str:
     """``row`` (the benchmark's JSON record) as a line of the results table, its name linking its curves (its own
     ``<name>.png``, or the figure it shares: :func:`shared_figure`) and its record (``line``, its line of
     ``learning-rows.jsonl``: ``#L<line>``, where a repository's file view scrolls to). A row of 1 to 4 seeds says that its CI is their [min, max] (:data:`FEW_SEEDS`): the
-    interval adds nothing to the seeds. A diverged seed's score is marked; the code it ran is named (rows of before
+    interval adds nothing to the seeds. A diverged seed's score is marked, and one with an evaluation that was not
+    finite; the code it ran is named (rows of before
     2026-11-29 have no record of it)."""
     steps = ", ".join("-" if s is None else str(s) for s in row["steps_to_threshold"]) or "n/a"
     rejudged = " re-judged" if "threshold_note" in row else ""  # against another bar than its command's (the note)
@@ -698,8 +703,9 @@ def markdown_row(row: dict, line: int) -> str:
     low, high = row["final_score_ci95"]
     scores = row["final_score_per_seed"]
     seeds = row.get("seeds_finished", [None] * len(scores))
-    per_seed = ", ".join(f"{v}" + (" (diverged)" if seed in row.get("diverged_seeds", []) else "")
-                         for seed, v in zip(seeds, scores))
+    marks = {seed: f" ({why})" for key, why in (("evaluation_not_finite_seeds", "an evaluation not finite"),
+                                                  ("diverged_seeds", "diverged")) for seed in row.get(key, [])}
+    per_seed = ", ".join(f"{v}{marks.get(seed, '')}" for seed, v in zip(seeds, scores))
     code = f", code {row['code']}" if "code" in row else ""
     if any(part not in row.get("code", "").split(", ") for part in filter(None, row.get("seed_code", "").split(", "))):
         code += f" (seeds trained on {row['seed_code']})"  # not only on the code the benchmark ran

@@ -334,3 +334,53 @@ def test_a_run_notes_a_dead_network_and_a_mean_outside_the_bounds_and_stays_ok(t
         assert summary["health"]["dead_units"]["share"] == 1.0 and summary["health"]["dead_units"]["layer"].endswith("16/16")
     if failure == "mean_outside_bounds":
         assert summary["health"]["mean_outside_bounds"]["share"] == 1.0
+
+
+def test_an_evaluation_that_is_not_finite_sets_the_status_once_and_a_resume_keeps_it():
+    """A greedy evaluation whose mean return is NaN (a game's reward was): one warning line, ``health.status``
+    ``evaluation_not_finite`` with where (standard JSON), not ``ok``; later ones say nothing; a divergence, a worse
+    finding, takes the status; a resumed watch keeps it."""
+    health = Health(ACER_VALUES, gamma=GAMMA, num_actions=2)
+    assert health.observe_evaluation(21.0, 1000) is None and health.summary() == {"status": "ok"}
+    warning = health.observe_evaluation(float("nan"), 2000)
+    assert warning is not None and "2000 env steps" in warning and "evaluation_not_finite" in warning
+    assert health.observe_evaluation(float("inf"), 3000) is None
+    expected = {"status": "evaluation_not_finite", "evaluation": {"env_steps": 2000, "value": "nan"}}
+    assert health.summary() == expected
+    resumed = Health(ACER_VALUES, gamma=GAMMA, num_actions=2)
+    resumed.load_state(health.state())
+    assert resumed.summary() == expected
+    resumed.observe({"loss_critic": float("nan")}, 7, 4000)
+    assert resumed.summary()["status"] == "diverged"
+
+
+@pytest.mark.integration
+def test_a_run_whose_evaluation_is_not_a_number_says_so_and_is_not_ok(tmp_path, monkeypatch, capsys):
+    """A real in-process ACER CartPole run (inline evaluations) whose second evaluation returns NaN: the warning once
+    on stderr, ``summary.json``'s health ``evaluation_not_finite`` at that evaluation, and the command's last lines
+    repeat it (it used to end ``ok`` with a final score of NaN)."""
+    from acer_torchrl import evaluation
+    from acer_torchrl.cli import warn_if_diverged
+    from acer_torchrl.config import load_config
+    from acer_torchrl.trainer import Trainer
+
+    played = []
+    plain = evaluation.evaluate
+
+    def second_is_nan(*args, **kwargs):
+        played.append(plain(*args, **kwargs))
+        return (float("nan"), *played[-1][1:]) if len(played) == 2 else played[-1]
+
+    monkeypatch.setattr(evaluation, "evaluate", second_is_nan)
+    trainer = Trainer(load_config("acer", [f"run_dir={tmp_path / 'run'}", "total_frames=192", "eval.interval=64",
+                                           "eval.background=false", "collector.workers=0",
+                                           "collector.frames_per_batch=32", "replay.min_size=64",
+                                           "replay.batch_size=4", "network.hidden=16", "eval.episodes=1",
+                                           "eval.max_steps=20", "log.progress=false"]))
+    summary = trainer.train()
+    assert len(played) >= 3
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "not finite" in line]
+    assert len(warnings) == 1 and "128 env steps" in warnings[0], warnings
+    assert summary["health"] == {"status": "evaluation_not_finite", "evaluation": {"env_steps": 128, "value": "nan"}}
+    warn_if_diverged(summary)
+    assert "greedy evaluation at 128 env steps" in capsys.readouterr().err

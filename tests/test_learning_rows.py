@@ -379,9 +379,9 @@ def test_a_row_whose_evaluations_break_the_final_score_rule_says_so(learning):
 def test_failed_and_diverged_seeds_are_named_and_a_row_of_failures_is_not_written(learning, tmp_path, monkeypatch):
     """A seed that failed is named in the row and the benchmark exits 1 after writing the others; with every seed
     failed there is no row (it would stand for the benchmark, or replace its row with --replace) and the partial
-    record stays. A diverged seed's score is marked; the row names the code and machine of each invocation."""
+    record stays. A diverged seed's score is marked, and one with an evaluation that was not finite; the row names the code and machine of each invocation."""
     results, runs = tmp_path / "results", tmp_path / "runs"
-    outcome = {0: {"health": {"status": "ok"}}, 1: {"health": {"status": "diverged"}}, 2: None}
+    outcome = {0: {"health": {"status": "evaluation_not_finite"}}, 1: {"health": {"status": "diverged"}}, 2: None}
 
     def run_seed(algo, preset, seed, frames, run_dir, extra):
         if outcome[seed] is None:
@@ -397,10 +397,11 @@ def test_failed_and_diverged_seeds_are_named_and_a_row_of_failures_is_not_writte
         learning.benchmark(argv)
     row = learning.read_rows(results / learning.ROWS)["acer-cartpole"]
     assert (row["seeds_finished"], row["final_score_per_seed"], row["diverged_seeds"]) == ([0, 1], [2.0, 3.0], [1])
+    assert row["evaluation_not_finite_seeds"] == [0]
     assert row["failed"][0].startswith("seed 2: exit 1") and row["final_score_evaluations"] == [3, 3]
     assert row["code"] == code_version(paths=learning.CODE_PATHS) and row["machine"] == machine()
     line = next(t for t in (results / "learning.md").read_text().splitlines() if t.startswith("| [acer-cartpole]"))
-    assert "| 2.0, 3.0 (diverged) |" in line and f", code {row['code']} |" in line and "FAILED: 1" in line
+    assert "| 2.0 (an evaluation not finite), 3.0 (diverged) |" in line and f", code {row['code']} |" in line and "FAILED: 1" in line
 
     outcome.update({0: None, 1: None})
     partial = learning.partial_dir(results, "other")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from tensordict.nn import TensorDictModule
+from torchrl.envs import Transform
 
 from acer_torchrl.config import load_config
 from acer_torchrl.envs import make_env
@@ -456,3 +457,30 @@ def test_a_checkpoint_writes_the_rows_again_after_a_failed_write(tmp_path, monke
     resumed = MetricsLog(tmp_path, [])
     resumed.load_existing(2000)
     assert [r["env_steps"] for r in resumed.rows] == [1000, 2000]
+
+
+class NotFiniteAfterTheFirstEpisode(Transform):
+    """Every reward of a game after its first episode ended is NaN or inf (a game that blew up once reset)."""
+
+    def __init__(self, games: int):
+        super().__init__()
+        self.ended = torch.zeros(games, dtype=torch.bool)
+
+    def _step(self, tensordict, next_tensordict):
+        reward = next_tensordict.get("reward").clone()
+        bad = torch.tensor([float("nan"), float("inf")]).repeat(reward.shape[0])[: reward.shape[0]]
+        reward[self.ended] = bad[self.ended].reshape(-1, 1)
+        next_tensordict.set("reward", reward)
+        self.ended |= next_tensordict.get("done").reshape(-1)
+        return next_tensordict
+
+
+def test_an_evaluation_ignores_whatever_a_game_holds_after_its_first_episode():
+    """The steps a game is played on after its first episode are ignored, NaN and inf rewards too (they used to be
+    multiplied by 0, and NaN * 0, inf * 0 are NaN): the same returns as the plain games."""
+    cfg = load_config("acer", ["preset=cartpole", "eval.episodes=6"])
+    policy = TensorDictModule(AngleOnly(), in_keys=["observation"], out_keys=["action"])
+    plain = evaluate(policy, make_env(evaluation_env_config(cfg.env, games=6)), cfg.eval.max_steps, seed=40)
+    broken = make_env(evaluation_env_config(cfg.env, games=6)).append_transform(NotFiniteAfterTheFirstEpisode(6))
+    assert np.isfinite(plain[0])
+    assert evaluate(policy, broken, cfg.eval.max_steps, seed=40) == plain

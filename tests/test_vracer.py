@@ -8,6 +8,7 @@ terminated, truncated, or are still open, and arrive in chunks spread over sever
 import csv
 import math
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -726,3 +727,26 @@ def test_vracer_learns_inverted_pendulum(tmp_path):
     assert float(rows[0]["train_return"]) < 30, rows[0]  # episodes of the first 1 500 steps, before learning
     evaluations = [float(r["eval_return_mean"]) for r in rows if r["eval_return_mean"]]
     assert max(evaluations) >= 150, evaluations
+
+
+@pytest.mark.parametrize("F", [1.0, 1.5, 3.0])
+def test_update_plan_owes_floor_of_steps_over_f_and_a_restored_loss_goes_on_as_if_uninterrupted(F):
+    """App. A's ``F``: after ``t`` collected env steps the run has taken ``floor(t / F)`` gradient steps, batch after
+    batch (adding up ``64 / 1.5`` in floats loses one at the third batch), and a loss restored from its state dict
+    between two batches (a resumed run) owes what the uninterrupted one does (a remainder kept outside the checkpoint
+    was lost)."""
+    loss = make_agent(**{"vracer.steps_per_update": F}).loss
+    batch = TensorDict({}, batch_size=[64])
+    rng = np.random.default_rng(0)
+    taken = 0
+    for k in range(1, 13):
+        loss.preprocess(batch)
+        taken += len(loss.update_plan(rng))
+        assert taken == math.floor(64 * k / F), (k, taken)
+        if k == 5:
+            restored = make_agent(**{"vracer.steps_per_update": F}).loss
+            restored.load_state_dict(loss.state_dict())
+            loss = restored
+    loss.preprocess(batch)
+    loss.preprocess(batch)  # two batches stored before one plan (a replay filled ahead of timing updates)
+    assert len(loss.update_plan(rng)) == math.floor(64 * 14 / F) - math.floor(64 * 12 / F)

@@ -228,7 +228,7 @@ class VRACERLoss(ReplayLoss):
         self.steps_per_update = steps_per_update
         self.truncation = truncation
         self._log_z = truncation_log_z(truncation)
-        self._pending_updates = 0.0  # gradient steps owed to the env steps collected (F, App. A)
+        self._plan_from: int | None = None  # ReFER's env steps t before the batches collected since the last plan
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         """No value estimator object: ``V^tbc`` and ``Q^ret`` come with the batch."""
@@ -353,10 +353,10 @@ class VRACERLoss(ReplayLoss):
 
     # ------------------------------------------------------------------ trainer hooks
     def preprocess(self, batch: TensorDictBase) -> TensorDictBase:
-        """Counts the collected env steps (ReF-ER's annealing, the gradient steps they are owed)."""
-        steps = batch.numel()
-        self.refer.advance(steps)
-        self._pending_updates += steps / self.steps_per_update
+        """Counts the collected env steps (ReF-ER's annealing, the gradient steps they are owed: :meth:`update_plan`)."""
+        if self._plan_from is None:
+            self._plan_from = int(self.refer.steps)
+        self.refer.advance(batch.numel())
         return batch
 
     def stored_steps_before_first_update(self, min_size: int) -> int:
@@ -364,10 +364,14 @@ class VRACERLoss(ReplayLoss):
         return max(super().stored_steps_before_first_update(min_size), math.ceil(self.steps_per_update))
 
     def update_plan(self, rng: np.random.Generator) -> list[float]:
-        """One replay-only gradient step per ``F`` collected env steps (App. A, Algorithm 1)."""
-        n = int(self._pending_updates)
-        self._pending_updates -= n
-        return [0.0] * n
+        """One replay-only gradient step per ``F`` collected env steps (App. A, Algorithm 1): the steps owed to the
+        batches collected since the last plan, ``floor(t / F) - floor(t0 / F)`` with ``t`` the env steps so far and
+        ``t0`` those before these batches. Counted from ``t`` (ReF-ER's, in the checkpoint) rather than by adding up
+        ``steps / F``, so that a resumed run owes what an uninterrupted one does and no rounding builds up."""
+        now = int(self.refer.steps)
+        start = now if self._plan_from is None else self._plan_from
+        self._plan_from = None
+        return [0.0] * (math.floor(now / self.steps_per_update) - math.floor(start / self.steps_per_update))
 
     def lr_scale(self) -> float:
         """``eta(t) / eta`` of eq. 13."""
