@@ -249,6 +249,7 @@ class Health:
         return {"scale": dict(self.scale), "diverged": self.diverged, "critic_growth": self.critic_growth,
                 "reward_max": self.reward_max, "liveness": {k: dict(v) for k, v in self.liveness.items()},
                 "critic_start": list(self.critic_start), "row_streak": {k: list(v) for k, v in self.row_streak.items()},
+                "streak": {k: list(v) for k, v in self.streak.items()},
                 "evaluation_not_finite": self.evaluation_not_finite}
 
     def load_state(self, state: dict) -> None:
@@ -259,6 +260,7 @@ class Health:
         self.reward_max = state.get("reward_max", 0.0)
         self.critic_start = list(state.get("critic_start", []))
         self.row_streak = {k: tuple(v) for k, v in state.get("row_streak", {}).items()}
+        self.streak = {k: tuple(v) for k, v in state.get("streak", {}).items()}
         self.evaluation_not_finite = state.get("evaluation_not_finite")
 
 

@@ -8,6 +8,7 @@ values as recorded); how each was made is in the test that reads it.
 
 import csv
 import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from acer_torchrl.health import (BOUND_FACTOR, DEAD_SHARE, LOSS_FACTOR, NOTE_FACTOR, OUTSIDE_SHARE, ROW_PATIENCE,
-                                 START_ROWS, Health, ReLUActivity, most_dead_layer)
+from acer_torchrl.health import (BOUND_FACTOR, DEAD_SHARE, FACTOR, LOSS_FACTOR, NOTE_FACTOR, OUTSIDE_SHARE, PATIENCE,
+                                 ROW_PATIENCE, START_ROWS, Health, ReLUActivity, most_dead_layer)
 
 DATA = Path(__file__).resolve().parent / "data"
 ACER_VALUES = ("state_value", "q_ret")  # ACERLoss.value_keys
@@ -162,6 +163,26 @@ def test_the_row_watch_resumes_where_it_was():
     resumed.load_state(before.state())
     replay_rows(resumed, rows[cut:])
     assert resumed.summary() == through.summary() != {"status": "ok"}
+
+
+def test_the_update_watch_resumes_inside_a_streak():
+    """A blow-up whose ``PATIENCE`` updates straddle a checkpoint (``state()`` through JSON, as ``counters.json`` holds
+    it): the resumed watch flags it at the same update as one that ran through (the streak was not checkpointed)."""
+    calm = {"loss_critic": 2.0, "grad_norm": 3.0}
+    spike = {**calm, "grad_norm": 3.0 * FACTOR * 2}
+    stats = [calm] * 50 + [spike] * (PATIENCE + 2)
+    through, before = Health(ACER_VALUES, gamma=GAMMA), Health(ACER_VALUES, gamma=GAMMA)
+    for update, row in enumerate(stats, 1):
+        through.observe(row, update, 32 * update)
+    cut = 50 + PATIENCE - 2  # inside the streak
+    for update, row in enumerate(stats[:cut], 1):
+        before.observe(row, update, 32 * update)
+    resumed = Health(ACER_VALUES, gamma=GAMMA)
+    resumed.load_state(json.loads(json.dumps(before.state())))
+    for update, row in enumerate(stats[cut:], cut + 1):
+        resumed.observe(row, update, 32 * update)
+    assert resumed.summary() == through.summary() == {"status": "diverged", "update": 51, "env_steps": 1632,
+                                                      "statistic": "grad_norm", "value": 600.0}
 
 
 @pytest.mark.integration
