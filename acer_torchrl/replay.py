@@ -731,6 +731,19 @@ class OnlineWindows:
         latest_first = torch.arange(per_row - 1, -1, -1).unsqueeze(1) + per_row * torch.arange(n)
         self._freshest_first.appendleft(latest_first.reshape(-1))
 
+    def state(self) -> list[dict]:
+        """The windows kept, for the run's checkpoint (tensors and plain containers only): without them a resumed
+        run's first updates would mix in fewer fresh windows than an uninterrupted one's."""
+        return [{"batch_size": list(b.batch_size), "data": b.to_dict(), "freshest_first": order}
+                for b, order in zip(self.batches, self._freshest_first)]
+
+    def load_state(self, state: list[dict]) -> None:
+        self.batches.clear()
+        self._freshest_first.clear()
+        for kept in state:
+            self.batches.append(TensorDict(kept["data"], batch_size=kept["batch_size"]))
+            self._freshest_first.append(kept["freshest_first"])
+
     @property
     def latest(self) -> TensorDictBase:
         return self.batches[0]

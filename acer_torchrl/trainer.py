@@ -165,6 +165,10 @@ class Trainer:
         self._saved_steps: int | None = None  # env steps of the run's latest checkpoint (None: none yet)
         self._trained_with: dict = {}  # the settings the resumed checkpoint was trained with
         self._inherited: dict | None = None  # init_from: the weights file, its SHA-256, the run it was cut from
+        # the statistics of the updates and the finished episodes since the last metrics row (a resume's: its
+        # checkpoint's), averaged into the next row
+        self._window: dict[str, list[float]] = {}
+        self._returns: list[float] = []
         if cfg.resume:
             self._resume()
         elif cfg.init_from:
@@ -192,6 +196,11 @@ class Trainer:
             # a target network's copy schedule (TorchRL's HardUpdate counts its steps) survives a restart
             "updater_counters": [int(getattr(u, "counter", 0)) for u in self.agent.updaters],
             **({"estimates": self.agent.estimates.state_dict()} if self.agent.estimates is not None else {}),
+            # the freshest collected windows an update mixes in (replay.py OnlineWindows)
+            "online": self.online.state(),
+            # the next metrics row's statistics so far: the updates' and the finished episodes' since the last row
+            "metrics_window": {"updates": {k: torch.tensor(v, dtype=torch.float64) for k, v in self._window.items()},
+                               "returns": torch.tensor(self._returns, dtype=torch.float64)},
             # the settings it was trained with: a resume from a config.yaml edited by hand is refused (a run-defining
             # key) or records the edit as a change (an applied one)
             "settings": trained_settings(self.cfg),
@@ -200,6 +209,10 @@ class Trainer:
     def _resume(self) -> None:
         state, counters = load_checkpoint(self.run_dir, self.replay, check=self._refuse_edited_settings)
         self.load_learner(state, f"checkpoint in {self.run_dir}", estimates=True)
+        self.online.load_state(state.get("online", []))  # (checkpoints of before 2026-11-29 hold neither)
+        window = state.get("metrics_window", {"updates": {}, "returns": torch.zeros(0)})
+        self._window = {k: v.tolist() for k, v in window["updates"].items()}
+        self._returns = window["returns"].tolist()
         torch.set_rng_state(state["torch_rng"])
         cuda_rng = state.get("cuda_rng", [])
         if cuda_rng and torch.cuda.is_available():  # a GPU run resumed on CPU leaves them; more GPUs: the first ones
@@ -823,13 +836,11 @@ class Trainer:
         )
 
     def _start_clock(self) -> None:
-        """Start the wall clock, progress bar and metric window of a collection phase (before :meth:`step`)."""
+        """Start the wall clock and progress bar of a collection phase (before :meth:`step`)."""
         c = self.counters
         # on a terminal only (tqdm's disable=None): in a log file its redraws pile up as carriage returns
         self._bar = tqdm(total=self.cfg.total_frames, initial=c.env_steps, unit="step",
                          disable=None if self.cfg.log.progress else True)
-        self._window: dict[str, list[float]] = {}
-        self._returns: list[float] = []
         self._start = time.perf_counter() - c.wall_time_s
         self._cpu_start = time.process_time() - c.learner_cpu_s
 

@@ -1,0 +1,59 @@
+"""A run checkpointed and resumed goes on as the uninterrupted run does: the same collected batches into both give
+the same metrics rows and weights. What a resume changes by design is applied to both: the envs restart their
+episodes (the replay forgets its open trajectories, ``EpisodeReplay.load``), so only learner-side state can differ.
+A resume audit found what the checkpoint left out: the next metrics row's statistics so far and LASER's fresh
+windows (each test fails without it)."""
+
+import shutil
+
+import pytest
+import torch
+
+from acer_torchrl.config import load_config
+from acer_torchrl.trainer import Trainer
+
+TINY = ["collector.workers=0", "collector.frames_per_batch=32", "replay.min_size=64", "replay.batch_size=4",
+        "network.hidden=16", "eval.episodes=1", "eval.max_steps=20", "log.progress=false", "eval.background=false",
+        "eval.interval=64", "log.checkpoint_interval=100000", "total_frames=480"]
+# LASER with atari_gpu's geometry (settings/laser.py): an update's fresh windows come from the last 4 batches
+LASER_FOUR_BATCHES = [*TINY, "env.num_envs=8", "collector.frames_per_batch=64", "replay.seq_len=8",
+                      "replay.batch_size=160", "laser.online_share=0.2", "total_frames=640"]
+
+
+def collected(algo, args, run_dir, n):
+    trainer = Trainer(load_config(algo, [*args, f"run_dir={run_dir}"]))
+    batches = trainer.start()
+    try:
+        return [next(batches).clone() for _ in range(n)]
+    finally:
+        trainer.stop_collecting()
+        trainer.close()
+
+
+@pytest.mark.parametrize("algo, args, n, cut", [("acer", TINY, 10, 7), ("laser", LASER_FOUR_BATCHES, 8, 4)],
+                         ids=["acer-metrics-row", "laser-fresh-windows"])
+def test_a_resumed_run_goes_on_as_the_uninterrupted_one(tmp_path, algo, args, n, cut):
+    """Checkpointed after batch ``cut``, inside a metrics row's window (rows every 64 env steps, batches of 32 or
+    64); LASER's first updates after it mix in 32 fresh windows of the 4 batches before (8 a batch)."""
+    data = collected(algo, args, tmp_path / "source", n)
+    through = Trainer(load_config(algo, [*args, f"run_dir={tmp_path / 'through'}"]))
+    through.start()
+    for batch in data[:cut]:
+        through.step(batch.clone())
+    through.checkpoint()
+    through.replay._open.clear()  # what the resume does by design (the envs restart their episodes)
+    shutil.copytree(tmp_path / "through", tmp_path / "resumed", symlinks=True)
+    resumed = Trainer(load_config(None, [f"resume={tmp_path / 'resumed'}"]))
+    resumed.start()
+    rng = torch.get_rng_state()
+    rows = {}
+    for name, trainer in (("through", through), ("resumed", resumed)):
+        torch.set_rng_state(rng)
+        for batch in data[cut:]:
+            trainer.step(batch.clone())
+        rows[name] = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in trainer.log.rows]
+        trainer.stop_collecting()
+    assert len(rows["resumed"]) > cut // 2 and rows["resumed"] == rows["through"]
+    assert all(torch.equal(p, q) for p, q in zip(through.params, resumed.params))
+    for trainer in (through, resumed):
+        trainer.close()
