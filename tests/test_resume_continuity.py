@@ -30,8 +30,12 @@ def collected(algo, args, run_dir, n):
         trainer.close()
 
 
-@pytest.mark.parametrize("algo, args, n, cut", [("acer", TINY, 10, 7), ("laser", LASER_FOUR_BATCHES, 8, 4)],
-                         ids=["acer-metrics-row", "laser-fresh-windows"])
+@pytest.mark.parametrize("algo, args, n, cut", [
+    ("acer", TINY, 10, 7),
+    ("laser", LASER_FOUR_BATCHES, 8, 4),
+    ("reactor", [*TINY, "replay.seq_len=8", "replay.prioritized=true", "reactor.distributional=true"], 10, 7),
+    ("vracer", ["preset=pendulum", *TINY, "replay.seq_len=1", "replay.batch_size=8"], 10, 7),
+], ids=["acer-metrics-row", "laser-fresh-windows", "reactor-prioritized-distributional", "vracer"])
 def test_a_resumed_run_goes_on_as_the_uninterrupted_one(tmp_path, algo, args, n, cut):
     """Checkpointed after batch ``cut``, inside a metrics row's window (rows every 64 env steps, batches of 32 or
     64); LASER's first updates after it mix in 32 fresh windows of the 4 batches before (8 a batch)."""
