@@ -738,9 +738,12 @@ class OnlineWindows:
                 for b, order in zip(self.batches, self._freshest_first)]
 
     def load_state(self, state: list[dict]) -> None:
+        """The windows :meth:`state` kept; none when they were cut at another ``seq_len`` (a resume may change it)."""
         self.batches.clear()
         self._freshest_first.clear()
         for kept in state:
+            if kept["batch_size"][1:] != [self.seq_len]:
+                continue
             self.batches.append(TensorDict(kept["data"], batch_size=kept["batch_size"]))
             self._freshest_first.append(kept["freshest_first"])
 

@@ -61,3 +61,13 @@ def test_a_resumed_run_goes_on_as_the_uninterrupted_one(tmp_path, algo, args, n,
     assert all(torch.equal(p, q) for p, q in zip(through.params, resumed.params))
     for trainer in (through, resumed):
         trainer.close()
+
+
+def test_a_resume_at_another_seq_len_drops_the_fresh_windows_cut_at_the_old_one(tmp_path):
+    """``replay.seq_len`` is applied on resume; the fresh windows the checkpoint kept were cut at the old length, and
+    mixing them into a batch of the new one failed at the first update (tensor sizes 16 and 8)."""
+    args = [*TINY, "replay.seq_len=8", "replay.batch_size=8", "laser.online_share=0.5", "total_frames=192"]
+    Trainer(load_config("laser", [*args, f"run_dir={tmp_path}"])).train()
+    resumed = Trainer(load_config(None, [f"resume={tmp_path}", "replay.seq_len=16", "total_frames=320"]))
+    assert len(resumed.online.batches) == 0
+    assert resumed.train()["env_steps"] == 320
