@@ -477,7 +477,7 @@ class Trainer:
         parts = []
         if n_online:
             parts.append(self.online.take(n_online).to(self.device))
-        if seq_len == 1 and not n_online:
+        if seq_len == 1 and not n_online and not cfg.prioritized:  # (single steps are drawn uniformly)
             return self.replay.sample_steps(cfg.batch_size, self.loss.in_keys)
         replayed = self.replay.sample_sequences(cfg.batch_size - n_online, seq_len, self.loss.in_keys, self.device)
         if self.agent.recurrent:

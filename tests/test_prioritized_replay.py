@@ -284,3 +284,25 @@ def test_an_update_records_how_far_the_draws_are_from_uniform(tmp_path):
         (weight.mean().item(), weight.min().item()))
     assert stats["priority_weight_min"] < 1.0
     trainer.close()
+
+
+@pytest.mark.parametrize("algo, share", [("acer", 0.0), ("laser", 0.0)])
+def test_single_step_windows_are_drawn_by_priority_too(tmp_path, algo, share):
+    """``replay.seq_len=1`` with a prioritized replay: the draws are windows of one step with their importance
+    weights, and the updates write priorities back (a single-step draw used to take the uniform path, leaving
+    ``replay.prioritized=true`` in the record and unused)."""
+    from acer_torchrl.config import load_config
+    from acer_torchrl.trainer import Trainer
+
+    online = ["acer.replay_ratio=1"] if algo == "acer" else [f"laser.online_share={share}"]
+    cfg = load_config(algo, [f"run_dir={tmp_path / 'run'}", "collector.workers=0", "replay.batch_size=8",
+                             "replay.seq_len=1", "replay.min_size=64", "replay.prioritized=true",
+                             "log.progress=false", *online])
+    trainer = Trainer(cfg)
+    trainer.fill_replay(64)
+    batch = trainer.draw_batch(0.0)
+    assert batch.shape == (8, 1) and "priority_weight" in batch.keys()
+    assert not trainer.replay.priorities.assigned.any()
+    trainer.update(batch)
+    assert trainer.replay.priorities.assigned.sum() == len(set(batch.get("slot")[:, 0].tolist()))
+    trainer.close()
