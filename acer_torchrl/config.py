@@ -179,6 +179,12 @@ class Config:
                 f"collector.frames_per_batch={self.collector.frames_per_batch} exceeds replay.capacity="
                 f"{self.replay.capacity}: a collected batch must fit in the replay; lower one or raise the other"
             )
+        if self.collector.frames_per_batch % self.env.num_envs:
+            raise ConfigError(
+                f"collector.frames_per_batch={self.collector.frames_per_batch} is not a multiple of env.num_envs="
+                f"{self.env.num_envs}: a batch holds as many steps of each env (TorchRL would round it up, and the "
+                "record would not hold the batch the run collects); give a multiple"
+            )
         if self.run_dir is not None and not self.run_dir.strip():
             raise ConfigError("run_dir= is empty; give a directory, or drop the key for a fresh runs/<name>")
         if self.run_dir is not None:

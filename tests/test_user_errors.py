@@ -96,6 +96,8 @@ MORE_CASES = [
     ("total_frames=abc", ["total_frames=abc"], "config key 'total_frames' expects int: 'abc' is not an integer"),
     ("min_size>capacity", ["replay.capacity=50"], "replay.min_size=64 exceeds replay.capacity=50"),
     ("batch>capacity", ["replay.capacity=64", "replay.batch_size=8", "replay.seq_len=16"], "= 128 steps per update exceed"),
+    ("frames_per_batch not a multiple of num_envs", ["collector.frames_per_batch=10"],
+     "collector.frames_per_batch=10 is not a multiple of env.num_envs=4"),
     # with 1 GiB available (below): the replay's links alone would take 4.6 GiB
     ("capacity beyond memory", ["replay.capacity=1e8"], "replay.capacity=100000000: its episode links need"),
     ("device=cuda:x", ["device=cuda:x"], "device must be auto, cpu, cuda or cuda:<index>, got 'cuda:x'"),
