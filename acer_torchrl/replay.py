@@ -45,6 +45,7 @@ from acer_torchrl.checkpoint import read_tensor, write_tensor
 from acer_torchrl.frame_store import FrameStore, frame_capacity
 from acer_torchrl.objectives.names import MASK_KEY, PRIORITY_WEIGHT_KEY, SLOT_KEY, WRITE_KEY
 from acer_torchrl.priority_tree import SequencePriorities
+from acer_torchrl.settings import FRESH_BATCHES_KEPT
 from acer_torchrl.validation import ConfigError
 
 TRAJ_KEY = ("collector", "traj_ids")
@@ -710,7 +711,7 @@ class OnlineWindows:
     had at its first step.
     """
 
-    def __init__(self, seq_len: int, keep_batches: int = 4):
+    def __init__(self, seq_len: int, keep_batches: int = FRESH_BATCHES_KEPT):
         self.seq_len = seq_len
         self.batches: deque[TensorDictBase] = deque(maxlen=keep_batches)
         self._freshest_first: deque[torch.Tensor] = deque(maxlen=keep_batches)  # each batch's windows, latest first

@@ -432,6 +432,27 @@ def test_config_validation():
         load_config("laser", ["laser.rho_bar=1.0", "laser.c_bar=2.0"])
     cfg = load_config("laser", ["laser.online_share=0"])
     assert cfg.algo.online_share == 0.0
+    # a share that rounds to the whole batch, or that asks more fresh windows than the kept batches hold (the batch
+    # shrank to what they held: 8 fresh + 16 replayed windows where the record said 16 + 16)
+    with pytest.raises(ConfigError, match="rounds to the whole batch, no replayed window"):
+        load_config("laser", ["replay.batch_size=8", "laser.online_share=0.95"])
+    with pytest.raises(ConfigError, match="asks 16 fresh windows an update; the last 4 collected batches hold 8 "):
+        load_config("laser", ["replay.batch_size=32", "laser.online_share=0.5", "collector.frames_per_batch=16",
+                              "replay.seq_len=8"])
+    load_config("laser", ["replay.batch_size=32", "laser.online_share=0.5", "collector.frames_per_batch=32",
+                          "replay.seq_len=8"])  # 4 batches of 4 windows: enough
+
+
+def test_a_replay_draw_key_is_noted_when_updates_never_draw_from_the_replay():
+    from acer_torchrl.config import unused_settings
+
+    overrides = ["laser.online_share=1", "replay.prioritized=true", "replay.prefetch=true"]
+    assert unused_settings(load_config("laser", overrides), overrides) == [
+        "note: replay.prioritized=true has no effect with laser.online_share=1",
+        "note: replay.prefetch=true has no effect with laser.online_share=1"]
+    overrides = ["acer.replay_ratio=0", "replay.prioritized=true"]
+    assert unused_settings(load_config("acer", overrides), overrides) == [
+        "note: replay.prioritized=true has no effect with acer.replay_ratio=0"]
 
 
 @pytest.mark.parametrize("share", [0.125, 0.0, 0.5, 1.0])

@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from acer_torchrl.config import Config
     from acer_torchrl.envs import EnvInfo
 
+# the collected batches whose windows the trainer keeps for an update's fresh share (replay.py OnlineWindows)
+FRESH_BATCHES_KEPT = 4
+# what an update's draw from the replay reads: unused by a loss that never draws from it
+REPLAY_DRAW_KEYS = ("replay.batch_size", "replay.min_size", "replay.prioritized", "replay.priority_uniform",
+                    "replay.priority_block", "replay.recurrent_state", "replay.prefetch")
+
 REGISTRY: dict[str, str] = {  # loss name -> the module whose ALGORITHM it is
     "acer": "acer_torchrl.settings.acer",
     "reactor": "acer_torchrl.settings.reactor",

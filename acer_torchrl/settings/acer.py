@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from acer_torchrl.settings import Algorithm
+from acer_torchrl.settings import REPLAY_DRAW_KEYS, Algorithm
 from acer_torchrl.settings.env import ATARI_EPISODE_STEPS
 from acer_torchrl.validation import MAX_WIDTH, ConfigError, allowed
 
@@ -57,7 +57,7 @@ class ACERConfig:
         if self.critic_coeff_end is None:
             unused["acer.critic_decay"] = "acer.critic_coeff_end=none"
         if self.replay_ratio == 0:
-            unused.update(dict.fromkeys(("replay.batch_size", "replay.min_size"), "acer.replay_ratio=0"))
+            unused.update(dict.fromkeys(REPLAY_DRAW_KEYS, "acer.replay_ratio=0"))
         return unused
 
     def validate(self, cfg: Config) -> None:

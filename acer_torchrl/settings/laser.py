@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from acer_torchrl.settings import Algorithm
+from acer_torchrl.settings import FRESH_BATCHES_KEPT, REPLAY_DRAW_KEYS, Algorithm
 from acer_torchrl.settings.env import ATARI_EPISODE_STEPS
 from acer_torchrl.validation import ConfigError, allowed
 
@@ -39,15 +39,26 @@ class LASERConfig:
         unused = {} if self.trust_region else dict.fromkeys(("laser.kl_threshold", "laser.kl_samples"),
                                                             "laser.trust_region=false")
         if self.online_share >= 1:
-            unused.update(dict.fromkeys(("replay.batch_size", "replay.min_size"), "laser.online_share=1"))
+            unused.update(dict.fromkeys(REPLAY_DRAW_KEYS, "laser.online_share=1"))
         return unused
 
     def validate(self, cfg: Config) -> None:
         """The checks across fields (each field's range is declared above)."""
-        if 0.0 < self.online_share < 1.0 and round(self.online_share * cfg.replay.batch_size) == 0:
+        fresh = round(self.online_share * cfg.replay.batch_size)  # the trainer's fresh windows an update
+        share = f"laser.online_share={self.online_share} of replay.batch_size={cfg.replay.batch_size}"
+        if 0.0 < self.online_share < 1.0 and fresh == 0:
+            raise ConfigError(f"{share} rounds to no online window; raise replay.batch_size or laser.online_share "
+                              "(0 means pure replay)")
+        if 0.0 < self.online_share < 1.0 and fresh == cfg.replay.batch_size:
+            raise ConfigError(f"{share} rounds to the whole batch, no replayed window; lower laser.online_share "
+                              "(1 means fresh windows only) or raise replay.batch_size")
+        env_steps = cfg.collector.frames_per_batch // cfg.env.num_envs  # a batch's steps of each env
+        kept = FRESH_BATCHES_KEPT * cfg.env.num_envs * -(-env_steps // cfg.replay.seq_len)
+        if 0.0 < self.online_share < 1.0 and fresh > kept:
             raise ConfigError(
-                f"laser.online_share={self.online_share} of replay.batch_size={cfg.replay.batch_size} rounds to "
-                "no online window; raise replay.batch_size or laser.online_share (0 means pure replay)"
+                f"{share} asks {fresh} fresh windows an update; the last {FRESH_BATCHES_KEPT} collected batches hold "
+                f"{kept} (env.num_envs x ceil(collector.frames_per_batch / env.num_envs / replay.seq_len) each): "
+                "lower laser.online_share or raise collector.frames_per_batch"
             )
         if self.rho_bar < self.c_bar:
             raise ConfigError(
