@@ -247,6 +247,18 @@ def test_vracer_and_a_shared_replay_sweep_refuse_a_prioritized_replay(tmp_path):
         load_config("vracer", ["replay.prioritized=true"])
     with pytest.raises(ConfigError, match="shared-replay sweep's replay draws uniformly"):
         agent_configs(SweepConfig(), ["replay.prioritized=true", f"run_dir={tmp_path / 'sweep'}"])
+    with pytest.raises(ConfigError, match="replay.prefetch=true: a shared-replay sweep's agents draw through"):
+        agent_configs(SweepConfig(), ["replay.prefetch=true", f"run_dir={tmp_path / 'sweep'}"])
+
+
+def test_a_sweep_says_the_keys_it_reads_nowhere(tmp_path, monkeypatch, capsys):
+    """A sweep's command line gets the ``note:`` lines a run's does (it printed none)."""
+    from acer_torchrl.shared_replay import sweep
+
+    monkeypatch.setattr(sweep, "run_sweep", lambda *args: {})
+    sweep.run(["network.lstm_hidden=32", "optim.alpha=0.9", f"run_dir={tmp_path / 'sweep'}"])
+    notes = capsys.readouterr().err.splitlines()
+    assert [n.split(" has no effect")[0] for n in notes] == ["note: network.lstm_hidden=32", "note: optim.alpha=0.9"]
 
 
 @pytest.mark.integration

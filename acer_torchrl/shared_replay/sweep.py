@@ -33,7 +33,7 @@ from tensordict import TensorDictBase
 
 from acer_torchrl.commands import shell_command
 from acer_torchrl.config import (
-    Config, ConfigError, _coerce, dump_yaml, load_config, override_value, parse_overrides, without_keys,
+    Config, ConfigError, _coerce, config_notes, dump_yaml, load_config, override_value, parse_overrides, without_keys,
 )
 from acer_torchrl.envs import stacked_frames
 from acer_torchrl.metrics import finish_plot, new_plot
@@ -262,6 +262,9 @@ def agent_configs(sweep: SweepConfig, overrides: list[str]) -> tuple[Path, list[
     base = load_config(loss, overrides)
     if base.replay.prioritized:
         raise ConfigError("replay.prioritized=true: a shared-replay sweep's replay draws uniformly; drop it")
+    if base.replay.prefetch:
+        raise ConfigError("replay.prefetch=true: a shared-replay sweep's agents draw through the shared replay, one "
+                          "draw at a time; drop it")
     sweep_dir = Path(base.run_dir) if base.run_dir else default_run_dir(base, sweep=True)
     cfgs = []
     for i in range(sweep.agents):
@@ -620,6 +623,8 @@ def run(argv: list[str], stop_signals: StopSignals | None = None) -> dict:
     a ``mode=local`` sweep (given ``stop_signals``) saves every agent first, ``mode=processes`` keeps the agents'
     periodic checkpoints."""
     sweep, overrides = parse_sweep_args(argv)
+    for note in config_notes(agent_configs(sweep, overrides)[1][0], overrides):  # keys given twice or read nowhere
+        print(note, file=sys.stderr)
     if sweep.mode == "local":
         return run_sweep(sweep, overrides, stop_signals)
     return run_sweep_processes(sweep, overrides)
