@@ -593,7 +593,13 @@ def test_the_cartpole_presets_target_network_on_a_continuous_env_is_one_clear_er
     from acer_torchrl.settings import get_algorithm
 
     cfg = load_config("acer", ["env.name=InvertedPendulum-v5"])
-    with pytest.raises(ConfigError, match=r"set acer.target_update=0 \(preset=cartpole sets 50\) or a continuous preset"):
+    with pytest.raises(ConfigError, match=r"set acer.target_update=0 \(preset=cartpole sets it; the continuous "
+                                          r"presets pendulum and mujoco do not\)$"):
+        get_algorithm("acer").build(cfg, env_info(cfg.env))
+    # given by the user on a continuous preset: no word of a preset (it blamed preset=pendulum and proposed it)
+    cfg = load_config("acer", ["preset=pendulum", "acer.target_update=7"])
+    with pytest.raises(ConfigError, match=r"^acer.target_update=7 is for discrete actions; InvertedPendulum-v5 has "
+                                          r"continuous ones: set acer.target_update=0$"):
         get_algorithm("acer").build(cfg, env_info(cfg.env))
 
 

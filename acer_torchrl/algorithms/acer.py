@@ -44,9 +44,11 @@ def build(cfg: Config, info: EnvInfo) -> Agent:
     V head + SDN advantage network (continuous); the loss; the acting policy; the average-policy updater."""
     a: ACERConfig = cfg.algo
     if a.target_update and not info.discrete:
-        raise ConfigError(f"acer.target_update is for discrete actions; {cfg.env.name} has continuous ones: set "
-                          f"acer.target_update=0 (preset={cfg.preset} sets {a.target_update}) or a continuous preset "
-                          "(pendulum, mujoco)")
+        name, values = cfg.preset_values() or (None, {})
+        whose = (f" (preset={name} sets it; the continuous presets pendulum and mujoco do not)"
+                 if values.get("acer.target_update") == a.target_update else "")
+        raise ConfigError(f"acer.target_update={a.target_update} is for discrete actions; {cfg.env.name} has "
+                          f"continuous ones: set acer.target_update=0{whose}")
     net = cfg.network
     encoder = None
     if a.standardize:
