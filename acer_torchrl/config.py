@@ -200,13 +200,18 @@ class Config:
                 section.validate(self)
 
     def _unused_for_the_env(self) -> dict[str, str]:
-        """The keys ``env.name``'s observations leave unused: Atari's frame processing elsewhere, sticky actions
-        with vectors, the MLP's widths and activation with frames or grids (a CNN encoder, ReLU built in)."""
-        from acer_torchrl.envs import observation_kind
+        """The keys ``env.name``'s observations and actions leave unused: Atari's frame processing elsewhere, sticky
+        actions with vectors, the MLP's widths and activation with frames or grids (a CNN encoder, ReLU built in), an
+        algorithm's Gaussian-policy keys (its ``continuous_keys``) with discrete actions."""
+        from acer_torchrl.envs import discrete_actions, observation_kind
 
         kind, name = observation_kind(self.env.name), f"env.name={self.env.name}"
-        unused = {} if kind == "pixel" else dict.fromkeys(
-            ("env.frame_skip", "env.noop_max", "env.episodic_life", "env.frame_stack"), f"{name} (Atari's keys)")
+        continuous_keys = getattr(self.algo, "continuous_keys", ())
+        unused = dict.fromkeys(continuous_keys, f"{name} (discrete actions)") if continuous_keys and discrete_actions(
+            self.env.name) else {}
+        if kind != "pixel":
+            unused.update(dict.fromkeys(("env.frame_skip", "env.noop_max", "env.episodic_life", "env.frame_stack"),
+                                        f"{name} (Atari's keys)"))
         if kind == "vector":
             unused["env.repeat_action_probability"] = f"{name} (Atari's and MinAtar's sticky actions)"
         else:

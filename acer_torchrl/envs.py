@@ -136,6 +136,19 @@ def observation_kind(name: str) -> str:
     return OBSERVATION_KINDS[env_family(name)]
 
 
+def discrete_actions(name: str) -> bool:
+    """Whether env ``name``'s actions are discrete: Atari's and MinAtar's are, MuJoCo's are not; a classic-control
+    env (CartPole and Pendulum alike) is made to read its action space (a few milliseconds)."""
+    family = env_family(name)
+    if family != "classic":
+        return family in ("atari", "minatar")
+    env = gym.make(name)
+    try:
+        return isinstance(env.action_space, gym.spaces.Discrete)
+    finally:
+        env.close()
+
+
 def _validate(cfg: EnvConfig) -> None:
     check_allowed(cfg, "env.")
     if cfg.pomdp and cfg.name != "CartPole-v1":

@@ -569,6 +569,21 @@ def test_the_critic_decay_is_checked_and_noted_unused_without_its_end_weight():
     assert load_config("acer", ["acer.critic_coeff_end=0.25", "acer.critic_decay=0,10"]).algo.critic_decay == [0, 10]
 
 
+@pytest.mark.parametrize("algo, keys", [
+    ("acer", ["acer.sdn_samples=9", "acer.sdn_hidden=32", "acer.init_std=0.5", "acer.learn_std=true"]),
+    ("laser", ["laser.kl_samples=9", "laser.init_std=0.2", "laser.learn_std=false"]),
+])
+def test_the_gaussian_policys_keys_are_noted_unused_with_discrete_actions(algo, keys):
+    """A Gaussian policy's keys given for an env with discrete actions changed nothing, without a word; on a continuous
+    env they are read, and not noted."""
+    from acer_torchrl.config import unused_settings
+
+    assert unused_settings(load_config(algo, keys), keys) == [
+        f"note: {key} has no effect with env.name=CartPole-v1 (discrete actions)" for key in keys]
+    continuous = [*keys, "env.name=Pendulum-v1", *(["acer.target_update=0"] if algo == "acer" else [])]
+    assert unused_settings(load_config(algo, continuous), continuous) == []
+
+
 @pytest.mark.integration
 def test_a_run_records_its_falling_critic_weight(tmp_path):
     """The trainer hands the loss the run's env steps before each update: metrics.csv's ``critic_weight`` falls

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from acer_torchrl.settings import REPLAY_DRAW_KEYS, Algorithm
 from acer_torchrl.settings.env import ATARI_EPISODE_STEPS
@@ -20,6 +20,10 @@ DEFAULT_PRESET = "cartpole"
 @dataclass
 class ACERConfig:
     """``acer.<field>=`` overrides (paper values: Atari sec. 4, MuJoCo sec. 6)."""
+
+    # the Gaussian policy's and the SDN's keys: unused with discrete actions (Config.unused_keys notes them)
+    continuous_keys: ClassVar[tuple[str, ...]] = ("acer.sdn_samples", "acer.sdn_hidden", "acer.init_std",
+                                                  "acer.learn_std")
 
     replay_ratio: float = 4.0  # r of Alg. 1: Poisson(r) replay updates after each collected batch
     on_policy: bool | None = None  # on-policy update first (Alg. 1); None: discrete yes, continuous no (sec. 6)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from acer_torchrl.settings import FRESH_BATCHES_KEPT, REPLAY_DRAW_KEYS, Algorithm
 from acer_torchrl.settings.env import ATARI_EPISODE_STEPS
@@ -19,6 +19,9 @@ DEFAULT_PRESET = "cartpole"
          init_std="(0, inf)", target_update="[0, 1000000]")
 @dataclass
 class LASERConfig:
+    # the Gaussian policy's keys and the sampled KL's: unused with discrete actions (the KL is exact there)
+    continuous_keys: ClassVar[tuple[str, ...]] = ("laser.kl_samples", "laser.init_std", "laser.learn_std")
+
     online_share: float = 0.125  # share of fresh online windows per batch (sec. 3: 1/8); 0 = pure replay
     updates_per_batch: int = 1  # gradient steps after each collected batch
     rho_bar: float = 1.0  # V-trace clipping of the policy-gradient/TD weight rho (IMPALA eq. 1)
