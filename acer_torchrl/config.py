@@ -73,7 +73,8 @@ class OptimConfig:
     max_grad_norm: float = 40.0  # gradient-norm clipping (inf: none)
     weight_decay: float = 0.0  # L2 weight decay
     # linear step-size decay over the run: lr x (1 - (1 - lr_end_factor) x env_steps / total_frames);
-    # 1.0 keeps it constant (a constant step never settles near an optimum: Robbins-Monro wants it to shrink)
+    # 1.0 keeps it constant (a constant step never settles near an optimum: Robbins-Monro wants it to shrink);
+    # the optimiser's step only: V-RACER's ReF-ER beta step (eq. 12) anneals by eq. 13 alone
     lr_end_factor: float = 1.0
 
 
