@@ -483,8 +483,9 @@ STOPPED_WITHIN_S = 20  # every process of a stopped sweep ends within this (a ra
 def start_sweep(sweep_dir: Path, mode: str, agents: int) -> subprocess.Popen:
     """``recipes/laser_sweep.py`` in a session of its own (as a terminal runs it), long enough to be stopped, with a
     periodic checkpoint every batch; its output (stdout and stderr, as a terminal shows them) piped."""
+    smoke = [a for a in SMOKE if not a.startswith(("total_frames=", "log.checkpoint_interval="))]  # no key twice
     args = [sys.executable, str(ROOT / "recipes" / "laser_sweep.py"), f"agents={agents}", f"mode={mode}",
-            f"run_dir={sweep_dir}", *SMOKE, "total_frames=100000", "log.checkpoint_interval=64"]
+            f"run_dir={sweep_dir}", *smoke, "total_frames=100000", "log.checkpoint_interval=64"]
     return subprocess.Popen(args, cwd=sweep_dir.parent, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=os.environ)
 
