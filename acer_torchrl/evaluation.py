@@ -8,8 +8,10 @@ evaluation at fixed env steps and logs its result with that step's row. Where th
 - :class:`BackgroundEvaluator`: in one process of its own, from a copy of the acting policy's weights taken
   when the evaluation was due; the learner goes on training and logs the row when the result comes back
   (results come back in the order asked). :meth:`~BackgroundEvaluator.drain` waits for all of them: the
-  trainer drains before each checkpoint and at the end, so a checkpoint's ``metrics.csv`` holds every
-  evaluation up to its step and a run resumed from it re-asks for the later ones.
+  trainer drains at the end. A checkpoint waits for none: it keeps the evaluations still being played, with the
+  weights each was asked on (:meth:`~BackgroundEvaluator.unfinished`), and a run resumed from it asks for them
+  again (``submit(..., weights=)``). A stop is then as quick as the checkpoint's write, whatever is left to play
+  (a GPU learner outruns one process playing Atari games: a stop that drained the backlog ran past its grace).
 
 Both play the same games on the same weights from the seed the trainer asks with (:func:`evaluation_seed`:
 from the run's seed and the env step): one evaluation's result depends on the weights and that seed only,
@@ -91,9 +93,18 @@ class InlineEvaluator:
         self.policy, self.env, self.max_steps = policy, make_env(), max_steps
         self._done: list[Result] = []
 
-    def submit(self, tag: Any, seed: int) -> None:
-        """Play the evaluation of the policy's current weights from ``seed``; its result is tagged ``tag``."""
-        self._done.append((tag, *evaluate(self.policy, self.env, self.max_steps, seed)))
+    def submit(self, tag: Any, seed: int, weights: dict | None = None) -> None:
+        """Play the evaluation of the policy's current weights (or ``weights``, a state dict of the policy: an
+        evaluation a checkpoint kept) from ``seed``; its result is tagged ``tag``."""
+        policy = self.policy
+        if weights is not None:
+            policy = copy.deepcopy(policy)
+            policy.load_state_dict(weights)
+        self._done.append((tag, *evaluate(policy, self.env, self.max_steps, seed)))
+
+    def unfinished(self) -> list[tuple[Any, int, dict]]:
+        """None: each evaluation is played before :meth:`submit` returns."""
+        return []
 
     def results(self) -> list[Result]:
         done, self._done = self._done, []
@@ -176,15 +187,22 @@ class BackgroundEvaluator:
         for request in self._unfinished:
             self._requests.put(request)
 
-    def submit(self, tag: Any, seed: int) -> None:
-        """Ask for the evaluation of the policy's current weights (a copy, taken now) from ``seed``; its result,
-        tagged ``tag``, comes back through :meth:`results` or :meth:`drain`."""
+    def submit(self, tag: Any, seed: int, weights: dict | None = None) -> None:
+        """Ask for the evaluation of the policy's current weights (a copy, taken now; or ``weights``, a state dict
+        of the policy: an evaluation a checkpoint kept) from ``seed``; its result, tagged ``tag``, comes back through
+        :meth:`results` or :meth:`drain`."""
         # by value, as bytes: tensors put on a queue as they are reach the process through file descriptors that a
         # thread of this process serves, and one the process is killed while reading (a stopping learner's close)
         # printed a traceback on the learner's stderr
-        request = (tag, seed, pickle.dumps(self.policy.state_dict()))
+        request = (tag, seed, pickle.dumps(self.policy.state_dict() if weights is None else weights))
         self._unfinished.append(request)
         self._requests.put(request)
+
+    def unfinished(self) -> list[tuple[Any, int, dict]]:
+        """The evaluations asked for and not finished yet, in the order asked: ``(tag, seed, weights)``, what a
+        checkpoint keeps to ask for them again (:meth:`submit`) in the resumed run. (Finished ones are the caller's
+        from its :meth:`results`, which it looks at first.)"""
+        return [(tag, seed, pickle.loads(weights)) for tag, seed, weights in self._unfinished]
 
     def _reply(self, block: bool) -> Result | None:
         """The next finished evaluation; None when ``block`` is false and none has finished. A dead process is

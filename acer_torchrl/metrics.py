@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -176,11 +177,12 @@ class MetricsLog:
         self.loggers = loggers or []
         self._write_failing = False  # the last write of metrics.csv failed (warned once until one succeeds)
 
-    def load_existing(self, up_to_env_steps: int) -> str | None:
+    def load_existing(self, up_to_env_steps: int, asked_again: Collection[int] = ()) -> str | None:
         """Continue the rows of a resumed run. Rows logged after its checkpoint (``env_steps`` beyond
-        ``up_to_env_steps``) are dropped: the resumed run logs those steps again. Rows that cannot be read (a tail
-        cut short by a kill, damaged bytes, text in a number's column) are dropped too and the file rewritten
-        without them: returns what was repaired, in words (None when the file was whole). One that cannot be read at
+        ``up_to_env_steps``) are dropped, and those at ``asked_again`` (the evaluations the checkpoint kept
+        unfinished, which a killed run may have logged after it): the resumed run logs those steps again. Rows that
+        cannot be read (a tail cut short by a kill, damaged bytes, text in a number's column) are dropped too and
+        the file rewritten without them: returns what was repaired, in words (None when the file was whole). One that cannot be read at
         all (a directory in its place, no read permission) is a one-line :class:`ConfigError`: it is left as it is."""
         if not self.path.exists():
             return None
@@ -196,7 +198,8 @@ class MetricsLog:
         rows = [_metrics_row(header, line) for line in lines[1:]]
         if rows and not text.endswith("\n"):  # every write ends its last row with a newline: this one was cut short
             rows[-1] = None
-        self.rows = [r for r in rows if r is not None and r["env_steps"] <= up_to_env_steps]
+        self.rows = [r for r in rows if r is not None and r["env_steps"] <= up_to_env_steps
+                     and r["env_steps"] not in asked_again]
         unreadable = rows.count(None)
         if len(self.rows) < len(rows):  # the file keeps only what the resumed run continues (not the rows of the
             self.write(self.columns())  # killed segment after its checkpoint: evaluations of weights now gone)

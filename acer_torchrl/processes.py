@@ -219,7 +219,7 @@ class RunGuard:
         agents store into one replay, which agent 0's checkpoint holds: taken inside agent 0's step, it lacked the
         round's batches of the agents after it, which their own checkpoints counted, and a sweep killed (SIGKILL)
         before the next checkpoints resumed with a replay short of those steps."""
-        if any([run.checkpoint_due() for run in runs]):  # (a list: each looks at its finished evaluations)
+        if any(run.checkpoint_due() for run in runs):
             for run in runs:
                 run.periodic_checkpoint()
 

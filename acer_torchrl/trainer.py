@@ -51,6 +51,8 @@ from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay, unprioriti
 from acer_torchrl.rundir import default_run_dir, drop_old_run, prepare_run_dir, restore_old_run
 from acer_torchrl.settings import get_algorithm
 
+EVALUATIONS_BEHIND = 4  # this many evaluations waiting for the evaluation process: a note (Trainer.ask_evaluation)
+
 
 class TrainingError(RuntimeError):
     """Training cannot go on (e.g. non-finite loss); the CLI prints its message as one line."""
@@ -162,6 +164,10 @@ class Trainer:
         # rows waiting for their evaluation: (env_steps, updates, wall_s, metrics, evaluation_settings())
         self._awaiting: deque = deque()
         self._said_games_cut = False  # the note on evaluation games cut at eval.max_steps (once a segment)
+        self._said_behind = False  # the note on evaluations falling behind the learner (once a segment)
+        self._logged_here = 0  # evaluations that came back in this segment
+        # a resume's: the evaluations its checkpoint kept unfinished, asked again by start()
+        self._asked_again: list[dict] = []
         self._saved_steps: int | None = None  # env steps of the run's latest checkpoint (None: none yet)
         self._trained_with: dict = {}  # the settings the resumed checkpoint was trained with
         self._inherited: dict | None = None  # init_from: the weights file, its SHA-256, the run it was cut from
@@ -198,6 +204,9 @@ class Trainer:
             **({"estimates": self.agent.estimates.state_dict()} if self.agent.estimates is not None else {}),
             # the freshest collected windows an update mixes in (replay.py OnlineWindows)
             "online": self.online.state(),
+            # the evaluations still being played, each with its row and the weights it was asked on: a resume asks
+            # for them again (a checkpoint does not wait for them)
+            "evaluations_unfinished": self.unfinished_evaluations(),
             # the next metrics row's statistics so far: the updates' and the finished episodes' since the last row
             "metrics_window": {"updates": {k: torch.tensor(v, dtype=torch.float64) for k, v in self._window.items()},
                                "returns": torch.tensor(self._returns, dtype=torch.float64)},
@@ -205,6 +214,13 @@ class Trainer:
             # key) or records the edit as a change (an applied one)
             "settings": trained_settings(self.cfg),
         }
+
+    def unfinished_evaluations(self) -> list[dict]:
+        """The rows waiting for their evaluation, each with the weights the evaluation was asked on (call after
+        :meth:`log_evaluations` of the evaluator's finished ones: every row left waits for an unfinished one)."""
+        weights = {tag: w for tag, _, w in self.evaluator.unfinished()} if self.evaluator is not None else {}
+        return [{"env_steps": steps, "updates": updates, "wall_time_s": wall, "metrics": metrics,
+                 "weights": weights[steps]} for steps, updates, wall, metrics, _ in self._awaiting]
 
     def _resume(self) -> None:
         state, counters = load_checkpoint(self.run_dir, self.replay, check=self._refuse_edited_settings)
@@ -223,7 +239,10 @@ class Trainer:
         self.health.load_state(self.counters.health)
         if self.counters.rng:
             self.rng.bit_generator.state = self.counters.rng
-        self.warn_of_repairs([self.log.load_existing(self.counters.env_steps), self.summary_damage()])
+        # (checkpoints of before 2026-11-29 waited for every evaluation: none unfinished)
+        self._asked_again = state.get("evaluations_unfinished", [])
+        again = {e["env_steps"] for e in self._asked_again}
+        self.warn_of_repairs([self.log.load_existing(self.counters.env_steps, again), self.summary_damage()])
         self.sync_acting_policy()
         self.apply_resumed_settings()
 
@@ -412,11 +431,12 @@ class Trainer:
             copy_weights_(TensorDict.from_module(self.acting), TensorDict.from_module(self.agent.policy))
 
     def checkpoint(self) -> None:
-        """Save the run (weights, optimiser, replay, counters) and its learning curve; evaluations still being played
-        are waited for first, so that ``metrics.csv`` and the curve hold every evaluation up to the checkpoint's step
-        (a killed run leaves the curve of the checkpoint it resumes from)."""
+        """Save the run (weights, optimiser, replay, counters) and its learning curve. Evaluations still being played
+        are not waited for: the checkpoint keeps them (:meth:`unfinished_evaluations`) and a resume asks for them
+        again, so that ``metrics.csv`` holds every evaluation up to the checkpoint's step once they are played. (A
+        stop that waited ran past its grace on a GPU learner: its Atari evaluations, asked every ~15 s, took longer.)"""
         if self.evaluator is not None:
-            self.wait_for_evaluations()
+            self.log_evaluations(self.evaluator.results())
         self.counters.rng = self.rng.bit_generator.state
         self.counters.health = self.health.state()
         save_checkpoint(self.run_dir, self.state(), vars(self.counters), self.replay)
@@ -634,6 +654,11 @@ class Trainer:
         trainers this way, a batch each in turn."""
         remaining = self.cfg.total_frames - self.counters.env_steps
         self.evaluator = self.make_evaluator()
+        for e in self._asked_again:  # the checkpoint's unfinished evaluations, on their weights and seeds
+            steps = e["env_steps"]  # their rows say what they are played with now (eval.* may change on resume)
+            self._awaiting.append((steps, e["updates"], e["wall_time_s"], e["metrics"], self.evaluation_settings()))
+            self.evaluator.submit(steps, evaluation_seed(self.cfg.seed, steps), weights=e["weights"])
+        self._asked_again = []
         self._collector = self.make_collector(remaining) if remaining > 0 else None
         self._start_clock()
         self._last_batch = None
@@ -707,6 +732,13 @@ class Trainer:
         self._awaiting.append((c.env_steps, c.updates, c.wall_time_s, metrics, self.evaluation_settings()))
         with self._named_on_bar(self.evaluator.blocking):
             self.evaluator.submit(c.env_steps, evaluation_seed(self.cfg.seed, c.env_steps))
+        # (not while the evaluation process starts: none came back yet)
+        if len(self._awaiting) >= EVALUATIONS_BEHIND and self._logged_here and not self._said_behind:
+            self._said_behind = True
+            print(f"note: {len(self._awaiting)} greedy evaluations are waiting for the evaluation process at {c.env_steps} "
+                  f"env steps (it plays them slower than the learner asks, one each eval.interval="
+                  f"{self.cfg.eval.interval} steps): their rows come late, the last ones at the end of the run; raise "
+                  "eval.interval", file=sys.stderr, flush=True)
 
     def evaluation_settings(self) -> dict[str, int]:
         """What an evaluation asked now plays, logged in its row: ``eval.episodes`` games of at most ``eval.max_steps``
@@ -737,6 +769,7 @@ class Trainer:
         """Log the rows of finished evaluations (in the order they were asked for); with ``log.progress`` and no
         terminal to draw the progress bar on (a SLURM log, a redirect), each is also one line on stderr."""
         for env_steps, mean, std, cut in results:
+            self._logged_here += 1
             steps, updates, wall, metrics, settings = self._awaiting.popleft()
             assert steps == env_steps, (steps, env_steps)
             evaluation = {"eval_return_mean": mean, "eval_return_std": std, "eval_games_cut": cut, **settings}
@@ -912,16 +945,9 @@ class Trainer:
         c.next_checkpoint += interval * max(1, math.ceil((c.env_steps - c.next_checkpoint + 1) / interval))
 
     def checkpoint_due(self) -> bool:
-        """Whether to checkpoint after this batch (:meth:`periodic_checkpoint`): once ``log.checkpoint_interval`` steps are due, as soon as no
-        evaluation is still being played (:meth:`checkpoint` would wait for it: an evaluation asked at the same step
-        held a V-RACER Hopper-v5 learner ~2 s, ~4 % of its run with ``eval.interval=5000``), and at the latest half
-        an interval late (then waiting for them), so that the checkpoints keep their schedule."""
-        c = self.counters
-        if c.env_steps < c.next_checkpoint:
-            return False
-        if self.evaluator is not None:
-            self.log_evaluations(self.evaluator.results())
-        return not self._awaiting or c.env_steps >= c.next_checkpoint + self.cfg.log.checkpoint_interval // 2
+        """Whether to checkpoint after this batch (:meth:`periodic_checkpoint`): once ``log.checkpoint_interval``
+        steps are due (evaluations still being played go into the checkpoint: :meth:`checkpoint`)."""
+        return self.counters.env_steps >= self.counters.next_checkpoint
 
     def _final_window_due(self, before: int, after: int) -> bool:
         """Whether this batch crossed one of the final-score window's evaluation points (:func:`final_window_steps`)

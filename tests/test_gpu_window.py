@@ -83,6 +83,6 @@ def test_a_pong_piece_resumes_only_a_run_dir_that_reached_a_checkpoint(tmp_path,
     else:
         start = [f"init_from={init_from}"] if init_from else []
         assert done.stdout.split() == ["recipes/acer.py", f"run_dir={run_dir}", "preset=atari_gpu",
-                                       "eval.interval=50000", *start, "seed=3"]
+                                       "eval.interval=100000", *start, "seed=3"]
         assert f"from {init_from}" in done.stderr if init_from else "from scratch" in done.stderr
         assert not run_dir.exists() and len(list(tmp_path.glob("pong.unsaved-*"))) == 1

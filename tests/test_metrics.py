@@ -272,6 +272,38 @@ def test_background_evaluations_equal_inline_ones_on_the_weights_they_were_asked
 
 
 @pytest.mark.integration
+def test_the_evaluations_a_checkpoint_keeps_are_played_again_on_the_weights_they_were_asked_with():
+    """``unfinished()`` gives the evaluations not played yet with the weights each was asked on (what a checkpoint
+    keeps); ``submit(..., weights=)`` plays those weights, not the policy's current ones, in the process and on the
+    learner alike (what the resumed run asks), and leaves the policy's own weights as they are."""
+    from acer_torchrl.envs import make_env_fn
+
+    cfg = load_config("acer", ["preset=cartpole"])
+    env_fn = make_env_fn(evaluation_env_config(cfg.env, games=4))
+    policy = TensorDictModule(Lean(), in_keys=["observation"], out_keys=["action"])
+    inline, background = InlineEvaluator(policy, env_fn, 200), BackgroundEvaluator(policy, env_fn, 200)
+    try:
+        with torch.no_grad():
+            policy.module.score.weight.copy_(torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]]))
+        background.submit(0, seed=7)
+        [(tag, seed, kept)] = background.unfinished()
+        assert (tag, seed) == (0, 7) and torch.equal(kept["module.score.weight"], policy.module.score.weight)
+        assert inline.unfinished() == []
+        with torch.no_grad():
+            policy.module.score.weight.fill_(3.0)  # the learner moved on
+        inline.submit(0, seed=7, weights=kept)
+        background.submit(1, seed=7, weights=kept)
+        [first, again] = background.drain()
+        assert first[1:] == again[1:] == inline.results()[0][1:]
+        inline.submit(2, seed=7)  # the current weights play other games
+        assert inline.results()[0][1:] != first[1:]
+        assert bool((policy.module.score.weight == 3.0).all())
+    finally:
+        inline.close()
+        background.close()
+
+
+@pytest.mark.integration
 def test_a_killed_evaluation_process_plays_its_unfinished_evaluations_again_until_it_is_given_up(capsys):
     """SIGKILL to the evaluation process (the OOM killer's): the learner's next look starts it again and asks it for
     the evaluations it had not finished, which come back as they would have; killed MAX_DEATHS_IN_A_ROW times with

@@ -4,12 +4,14 @@ episodes (the replay forgets its open trajectories, ``EpisodeReplay.load``), so 
 A resume audit found what the checkpoint left out: the next metrics row's statistics so far and LASER's fresh
 windows (each test fails without it)."""
 
+import copy
 import shutil
 
 import pytest
 import torch
 
 from acer_torchrl.config import load_config
+from acer_torchrl.evaluation import InlineEvaluator
 from acer_torchrl.trainer import Trainer
 
 TINY = ["collector.workers=0", "collector.frames_per_batch=32", "replay.min_size=64", "replay.batch_size=4",
@@ -71,3 +73,62 @@ def test_a_resume_at_another_seq_len_drops_the_fresh_windows_cut_at_the_old_one(
     resumed = Trainer(load_config(None, [f"resume={tmp_path}", "replay.seq_len=16", "total_frames=320"]))
     assert len(resumed.online.batches) == 0
     assert resumed.train()["env_steps"] == 320
+
+
+class HeldEvaluator(InlineEvaluator):
+    """Plays nothing until drained: the evaluations asked are still being played at every checkpoint (a GPU learner's
+    Atari evaluations, which one process plays slower than the learner asks for them)."""
+
+    blocking = False
+
+    def __init__(self, inline: InlineEvaluator):
+        self.policy, self.env, self.max_steps, self._done, self.asked = inline.policy, inline.env, inline.max_steps, [], []
+
+    def submit(self, tag, seed, weights=None):
+        self.asked.append((tag, seed, copy.deepcopy(self.policy.state_dict() if weights is None else weights)))
+
+    def results(self):
+        return []
+
+    def unfinished(self):
+        return list(self.asked)
+
+    def drain(self):
+        for tag, seed, weights in self.asked:
+            super().submit(tag, seed, weights)
+        self.asked = []
+        return super().results()
+
+
+def test_a_checkpoint_keeps_the_evaluations_in_play_and_the_resumed_run_plays_them(tmp_path, monkeypatch):
+    """A checkpoint does not wait for the evaluations still being played (a stop that drained a GPU learner's backlog
+    of Atari evaluations ran past its grace and saved nothing): it keeps them with the weights each was asked on, and
+    the resumed run asks for them again. Its rows are the uninterrupted run's, though the killed run logged those
+    evaluations' rows after the checkpoint (metrics.csv drops them on resume: no row twice)."""
+    made = Trainer.make_evaluator
+    monkeypatch.setattr(Trainer, "make_evaluator", lambda self: HeldEvaluator(made(self)))
+    data = collected("acer", TINY, tmp_path / "source", 10)
+    through = Trainer(load_config("acer", [*TINY, f"run_dir={tmp_path / 'through'}"]))
+    through.start()
+    for batch in data[:7]:
+        through.step(batch.clone())
+    through.checkpoint()
+    assert [row[0] for row in through._awaiting] == [64, 128, 192] and through.log.rows == []  # none waited for
+    through.wait_for_evaluations()  # the killed run went on and logged them after its checkpoint
+    through.replay._open.clear()
+    shutil.copytree(tmp_path / "through", tmp_path / "resumed", symlinks=True)
+    resumed = Trainer(load_config(None, [f"resume={tmp_path / 'resumed'}"]))
+    assert resumed.log.rows == []  # the rows of the evaluations asked again
+    resumed.start()
+    rng = torch.get_rng_state()
+    rows = {}
+    for name, trainer in (("through", through), ("resumed", resumed)):
+        torch.set_rng_state(rng)
+        for batch in data[7:]:
+            trainer.step(batch.clone())
+        trainer.wait_for_evaluations()
+        rows[name] = [{k: v for k, v in r.items() if k != "wall_time_s"} for r in trainer.log.rows]
+        trainer.stop_collecting()
+        trainer.close()
+    assert [r["env_steps"] for r in rows["resumed"]] == [64, 128, 192, 256, 320]
+    assert rows["resumed"] == rows["through"]

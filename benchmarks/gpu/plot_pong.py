@@ -34,14 +34,21 @@ def write_rows(path: Path, columns: list[str], rows: list[dict[str, str]]) -> No
         writer.writerows(rows)
 
 
-def plot_run(algo: str, rows: list[dict[str, str]], out: Path) -> None:
+def machine() -> str:
+    """The GPU the curve was learned on (this script runs on it, in ``window.sh``), e.g. "H200"; "CPU" without one."""
+    import torch
+
+    return torch.cuda.get_device_name(0).removeprefix("NVIDIA ").split()[0] if torch.cuda.is_available() else "CPU"
+
+
+def plot_run(algo: str, rows: list[dict[str, str]], out: Path, on: str) -> None:
     fig, ax = new_plot()
     for key, label in (("train_return", "training episodes"), ("eval_return_mean", "greedy evaluation, 10 episodes")):
         points = [(float(r["env_steps"]), float(r[key])) for r in rows if r.get(key)]
         ax.plot(*zip(*points) if points else ([], []), marker="o" if key.startswith("eval") else None, label=label)
     ax.set_ylim(-21.5, 21.5)
     steps, minutes = float(rows[-1]["env_steps"]), float(rows[-1]["wall_time_s"]) / 60
-    title = f"{algo} ALE/Pong-v5, one H100: {steps:,.0f} steps in {minutes:.1f} min"
+    title = f"{algo} ALE/Pong-v5, one {on}: {steps:,.0f} steps in {minutes:.1f} min"
     finish_plot(fig, ax, out / f"pong-{algo}.png", title, "env steps (x4 frames)", "return", threshold=18.0)
 
 
@@ -52,7 +59,7 @@ def main(argv: list[str]) -> None:
         pieces = [Path(p) for p in paths.split(",")]
         columns, rows = joined_rows(pieces)
         write_rows(out / f"pong-{algo}-metrics.csv", columns, rows)
-        plot_run(algo, rows, out)
+        plot_run(algo, rows, out, machine())
 
 
 if __name__ == "__main__":

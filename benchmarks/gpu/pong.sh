@@ -9,7 +9,7 @@ if [ -f "$dir/checkpoint/counters.json" ] || [ -f "$dir/checkpoint.old/counters.
 elif [ -e "$dir" ]; then mv "$dir" "$dir.unsaved-$(date +%s)"; where="run_dir=$dir"  # a piece killed before it saved
 else where="run_dir=$dir"; fi
 if [ "$where" = "run_dir=$dir" ]; then
-  set -- preset="${PRESET:-atari_gpu}" eval.interval=50000 ${INIT_FROM:+"init_from=$INIT_FROM"} "$@"
+  set -- preset="${PRESET:-atari_gpu}" eval.interval=100000 ${INIT_FROM:+"init_from=$INIT_FROM"} "$@"
   echo "pong.sh: a new run in $dir, ${INIT_FROM:+from $INIT_FROM}${INIT_FROM:-from scratch}" >&2
 else echo "pong.sh: $dir resumed" >&2; fi
 timeout -s INT -k 90 "$secs" "${PYTHON:-python3}" recipes/$algo.py "$where" "$@" 2>&1 | tr '\r' '\n' | grep -v "INFO\|warn"
