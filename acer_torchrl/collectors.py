@@ -151,6 +151,19 @@ class MultiProcessCollector(_ClosingCollector, MultiAsyncCollector):
     nothing.
     """
 
+    def __init__(self, *args, **kwargs):
+        # the learner's threads as the trainer set them (``trainer.learner_threads``: the cores the workers leave
+        # free, or ``threads=``); left to itself TorchRL subtracts its workers from them again at the workers'
+        # start (16 cores, 8 workers: a learner of 1 thread, not 8) and adds them back at shutdown
+        self._learner_threads = torch.get_num_threads()
+        super().__init__(*args, num_threads=self._learner_threads, **kwargs)
+
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        try:
+            super().shutdown(timeout=timeout, close_env=close_env, raise_on_error=raise_on_error)
+        finally:
+            torch.set_num_threads(self._learner_threads)
+
     @property
     def _queue_len(self) -> int:  # a private TorchRL hook: acer_torchrl/_torchrl_compat.py, use 3
         return self.num_workers

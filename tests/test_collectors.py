@@ -288,6 +288,25 @@ def collect_with_a_slow_learner(replay):
 
 
 @pytest.mark.integration
+def test_the_learner_keeps_its_threads_while_the_workers_run():
+    """The learner's torch threads are what the trainer set (``learner_threads``: the cores the workers leave free)
+    while the workers run and after they stop. TorchRL subtracted its workers from them again at their start (16
+    cores, 8 workers: a learner of 1 thread) and added them back at shutdown (found by a resume audit)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        policy, lstm, _ = recurrent_policy()
+        env_fn = make_env_fn(EnvConfig(num_envs=NUM_ENVS, max_episode_steps=30),
+                             extra_transforms=[lstm.make_tensordict_primer()])
+        with make_collector(env_fn, policy, num_workers=2, frames_per_batch=NUM_ENVS * T, seed=0) as collector:
+            next(iter(collector))
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.integration
 def test_collector_never_drops_a_batch_while_the_learner_is_busy():
     """Every env step a worker runs reaches the learner: no ``step_count`` gap in any trajectory."""
     from acer_torchrl.replay import EpisodeReplay
