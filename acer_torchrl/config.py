@@ -237,6 +237,11 @@ class Config:
         algorithm_unused = getattr(self.algo, "unused_keys", None)
         return {**unused, **(algorithm_unused(self) if algorithm_unused else {})}
 
+    def rounded_settings(self) -> list[str]:
+        """A note for each setting this run applies rounded (the algorithm section's ``rounded_settings(cfg)``)."""
+        rounded = getattr(self.algo, "rounded_settings", None)
+        return rounded(self) if rounded else []
+
 
 # ----------------------------------------------------------------------------------------------
 # Parsing and applying overrides
@@ -506,8 +511,9 @@ def unknown_preset(preset: str, loss: str, presets: dict[str, dict]) -> ConfigEr
 
 
 def config_notes(cfg: Config, overrides: list[str]) -> list[str]:
-    """The ``note:`` lines a run of ``overrides`` prints at its start: keys given twice, keys it reads nowhere."""
-    return [*repeated_settings(overrides), *unused_settings(cfg, overrides)]
+    """The ``note:`` lines a run of ``overrides`` prints at its start: keys given twice, keys it reads nowhere,
+    settings it applies rounded."""
+    return [*repeated_settings(overrides), *unused_settings(cfg, overrides), *cfg.rounded_settings()]
 
 
 def unused_settings(cfg: Config, overrides: list[str]) -> list[str]:

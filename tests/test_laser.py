@@ -443,6 +443,19 @@ def test_config_validation():
                           "replay.seq_len=8"])  # 4 batches of 4 windows: enough
 
 
+def test_an_online_share_of_part_windows_is_noted_as_the_share_taken():
+    """The trainer takes round(online_share x batch_size) fresh windows: a share that is not whole windows is a note
+    at the start saying what is taken (before, the run recorded 0.15 and trained on 5 of 32 windows, 0.156)."""
+    from acer_torchrl.config import config_notes
+
+    overrides = ["laser.online_share=0.15", "replay.batch_size=32"]
+    assert config_notes(load_config("laser", overrides), overrides) == [
+        "note: laser.online_share=0.15 of replay.batch_size=32 is taken as 5 fresh windows an update, a share of 0.1562"]
+    for preset in ("cartpole", "atari_gpu"):  # 4 of 32, 32 of 160: whole windows
+        assert config_notes(load_config("laser", [f"preset={preset}"]), []) == []
+    assert config_notes(load_config("laser", ["laser.online_share=0"]), []) == []
+
+
 def test_a_replay_draw_key_is_noted_when_updates_never_draw_from_the_replay():
     from acer_torchrl.config import unused_settings
 

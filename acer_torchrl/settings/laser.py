@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -44,6 +45,14 @@ class LASERConfig:
         if self.online_share >= 1:
             unused.update(dict.fromkeys(REPLAY_DRAW_KEYS, "laser.online_share=1"))
         return unused
+
+    def rounded_settings(self, cfg: Config) -> list[str]:
+        """A note when the online share is not whole windows of the batch: the run takes it rounded."""
+        fresh = round(self.online_share * cfg.replay.batch_size)
+        if not 0.0 < self.online_share < 1.0 or math.isclose(fresh, self.online_share * cfg.replay.batch_size):
+            return []
+        return [f"note: laser.online_share={self.online_share} of replay.batch_size={cfg.replay.batch_size} is taken as "
+                f"{fresh} fresh windows an update, a share of {fresh / cfg.replay.batch_size:.4g}"]
 
     def validate(self, cfg: Config) -> None:
         """The checks across fields (each field's range is declared above)."""
