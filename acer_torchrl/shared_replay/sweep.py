@@ -623,7 +623,7 @@ def run(argv: list[str], stop_signals: StopSignals | None = None) -> dict:
     a ``mode=local`` sweep (given ``stop_signals``) saves every agent first, ``mode=processes`` keeps the agents'
     periodic checkpoints."""
     sweep, overrides = parse_sweep_args(argv)
-    for note in config_notes(agent_configs(sweep, overrides)[1][0], overrides):  # keys given twice or read nowhere
+    for note in config_notes(agent_configs(sweep, overrides)[1][0], overrides):  # the same for every agent
         print(note, file=sys.stderr)
     if sweep.mode == "local":
         return run_sweep(sweep, overrides, stop_signals)
