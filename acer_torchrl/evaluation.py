@@ -156,8 +156,8 @@ class BackgroundEvaluator:
     have held a queue's lock), with every evaluation it had not finished asked again: one line on stderr, the same
     results (an evaluation depends on its weights and seed only). One that dies :data:`MAX_DEATHS_IN_A_ROW` times
     without finishing an evaluation in between is given up (:class:`~acer_torchrl.processes.HelperDied`: the learner
-    saves and stops); :meth:`drain` then plays what is left on the learner, so that the checkpoint's ``metrics.csv``
-    holds every evaluation up to its step."""
+    saves and stops, its checkpoint keeping what is unfinished); :meth:`drain` then plays what is left on the
+    learner."""
 
     blocking = False
 
