@@ -182,8 +182,9 @@ class MetricsLog:
         ``up_to_env_steps``) are dropped, and those at ``asked_again`` (the evaluations the checkpoint kept
         unfinished, which a killed run may have logged after it): the resumed run logs those steps again. Rows that
         cannot be read (a tail cut short by a kill, damaged bytes, text in a number's column) are dropped too and
-        the file rewritten without them: returns what was repaired, in words (None when the file was whole). One that cannot be read at
-        all (a directory in its place, no read permission) is a one-line :class:`ConfigError`: it is left as it is."""
+        the file rewritten without them: returns what was repaired, in words (None when the file was whole). One
+        that cannot be read at all (a directory in its place, no read permission) is a one-line
+        :class:`ConfigError`: it is left as it is."""
         if not self.path.exists():
             return None
         try:

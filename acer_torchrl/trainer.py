@@ -49,7 +49,7 @@ from acer_torchrl.priority_tree import SequencePriorities
 from acer_torchrl.provenance import contributing, file_sha256, record_segment, segments, started_from, summarize
 from acer_torchrl.replay import EpisodeReplay, OnlineWindows, Replay, unprioritized
 from acer_torchrl.rundir import default_run_dir, drop_old_run, prepare_run_dir, restore_old_run
-from acer_torchrl.settings import get_algorithm
+from acer_torchrl.settings import fresh_windows, get_algorithm
 
 EVALUATIONS_BEHIND = 4  # this many evaluations waiting for the evaluation process: a note (Trainer.ask_evaluation)
 
@@ -165,7 +165,7 @@ class Trainer:
         self._awaiting: deque = deque()
         self._said_games_cut = False  # the note on evaluation games cut at eval.max_steps (once a segment)
         self._said_behind = False  # the note on evaluations falling behind the learner (once a segment)
-        self._logged_here = 0  # evaluations that came back in this segment
+        self._one_came_back = False  # an evaluation came back in this segment (the evaluation process is up)
         # a resume's: the evaluations its checkpoint kept unfinished, asked again by start()
         self._asked_again: list[dict] = []
         self._saved_steps: int | None = None  # env steps of the run's latest checkpoint (None: none yet)
@@ -491,7 +491,7 @@ class Trainer:
         seq_len = cfg.seq_len
         if online_share >= 1.0:
             return self.online.latest
-        n_online = int(round(online_share * cfg.batch_size))
+        n_online = fresh_windows(online_share, cfg.batch_size)
         if len(self.replay) < max(cfg.min_size, 1):
             return None
         parts = []
@@ -733,10 +733,10 @@ class Trainer:
         with self._named_on_bar(self.evaluator.blocking):
             self.evaluator.submit(c.env_steps, evaluation_seed(self.cfg.seed, c.env_steps))
         # (not while the evaluation process starts: none came back yet)
-        if len(self._awaiting) >= EVALUATIONS_BEHIND and self._logged_here and not self._said_behind:
+        if len(self._awaiting) >= EVALUATIONS_BEHIND and self._one_came_back and not self._said_behind:
             self._said_behind = True
-            print(f"note: {len(self._awaiting)} greedy evaluations are waiting for the evaluation process at {c.env_steps} "
-                  f"env steps (it plays them slower than the learner asks, one each eval.interval="
+            print(f"note: {len(self._awaiting)} greedy evaluations are waiting for the evaluation process at "
+                  f"{c.env_steps} env steps (it plays them slower than the learner asks, one each eval.interval="
                   f"{self.cfg.eval.interval} steps): their rows come late, the last ones at the end of the run; raise "
                   "eval.interval", file=sys.stderr, flush=True)
 
@@ -769,7 +769,7 @@ class Trainer:
         """Log the rows of finished evaluations (in the order they were asked for); with ``log.progress`` and no
         terminal to draw the progress bar on (a SLURM log, a redirect), each is also one line on stderr."""
         for env_steps, mean, std, cut in results:
-            self._logged_here += 1
+            self._one_came_back = True
             steps, updates, wall, metrics, settings = self._awaiting.popleft()
             assert steps == env_steps, (steps, env_steps)
             evaluation = {"eval_return_mean": mean, "eval_return_std": std, "eval_games_cut": cut, **settings}

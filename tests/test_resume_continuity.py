@@ -82,7 +82,8 @@ class HeldEvaluator(InlineEvaluator):
     blocking = False
 
     def __init__(self, inline: InlineEvaluator):
-        self.policy, self.env, self.max_steps, self._done, self.asked = inline.policy, inline.env, inline.max_steps, [], []
+        self.policy, self.env, self.max_steps = inline.policy, inline.env, inline.max_steps
+        self._done, self.asked = [], []
 
     def submit(self, tag, seed, weights=None):
         self.asked.append((tag, seed, copy.deepcopy(self.policy.state_dict() if weights is None else weights)))

@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 
 # the collected batches whose windows the trainer keeps for an update's fresh share (replay.py OnlineWindows)
 FRESH_BATCHES_KEPT = 4
+
+
+def fresh_windows(online_share: float, batch_size: int) -> int:
+    """The fresh collected windows an update's batch of ``batch_size`` takes for ``online_share``: the share
+    rounded to whole windows (what the trainer draws, what LASER's settings check and note)."""
+    return round(online_share * batch_size)
 # what an update's draw from the replay reads: unused by a loss that never draws from it
 REPLAY_DRAW_KEYS = ("replay.batch_size", "replay.min_size", "replay.prioritized", "replay.priority_uniform",
                     "replay.priority_block", "replay.recurrent_state", "replay.prefetch")

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from acer_torchrl.settings import FRESH_BATCHES_KEPT, REPLAY_DRAW_KEYS, Algorithm
+from acer_torchrl.settings import FRESH_BATCHES_KEPT, REPLAY_DRAW_KEYS, Algorithm, fresh_windows
 from acer_torchrl.settings.env import ATARI_EPISODE_STEPS
 from acer_torchrl.validation import ConfigError, allowed
 
@@ -48,15 +48,15 @@ class LASERConfig:
 
     def rounded_settings(self, cfg: Config) -> list[str]:
         """A note when the online share is not whole windows of the batch: the run takes it rounded."""
-        fresh = round(self.online_share * cfg.replay.batch_size)
+        fresh = fresh_windows(self.online_share, cfg.replay.batch_size)
         if not 0.0 < self.online_share < 1.0 or math.isclose(fresh, self.online_share * cfg.replay.batch_size):
             return []
-        return [f"note: laser.online_share={self.online_share} of replay.batch_size={cfg.replay.batch_size} is taken as "
-                f"{fresh} fresh windows an update, a share of {fresh / cfg.replay.batch_size:.4g}"]
+        return [f"note: laser.online_share={self.online_share} of replay.batch_size={cfg.replay.batch_size} is taken "
+                f"as {fresh} fresh windows an update, a share of {fresh / cfg.replay.batch_size:.4g}"]
 
     def validate(self, cfg: Config) -> None:
         """The checks across fields (each field's range is declared above)."""
-        fresh = round(self.online_share * cfg.replay.batch_size)  # the trainer's fresh windows an update
+        fresh = fresh_windows(self.online_share, cfg.replay.batch_size)
         share = f"laser.online_share={self.online_share} of replay.batch_size={cfg.replay.batch_size}"
         if 0.0 < self.online_share < 1.0 and fresh == 0:
             raise ConfigError(f"{share} rounds to no online window; raise replay.batch_size or laser.online_share "
