@@ -521,8 +521,12 @@ class Trainer:
             batch = batch.to(self.device)
         with set_recurrent_mode(True):
             out = self.loss.forward_backward(batch, self.params)  # the gradients set, not added to the last ones
-        if not torch.isfinite(objective(out)):
-            bad = [k for k, v in out.items() if k.startswith("loss_") and not torch.isfinite(v).all()]
+        finite = torch.isfinite(objective(out))
+        if PRIORITY_KEY in out.keys():  # a NaN priority would poison the replay's sum tree: every later draw
+            finite = finite & torch.isfinite(out.get(PRIORITY_KEY)).all()
+        if not finite:  # (one sync for both)
+            bad = [k for k, v in out.items()
+                   if (k.startswith("loss_") or k == PRIORITY_KEY) and not torch.isfinite(v).all()]
             raise TrainingError(
                 f"non-finite loss at update {self.counters.updates} ({', '.join(bad)}); lower optim.lr or check "
                 "the importance weights (behaviour statistics) in the collected data"

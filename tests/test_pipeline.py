@@ -350,6 +350,35 @@ def test_nan_behaviour_statistics_end_the_update_with_one_clear_error_before_any
     assert all(torch.equal(p, b) for p, b in zip(trainer.params, before))
 
 
+def test_a_non_finite_priority_ends_the_update_with_one_clear_error_before_the_tree_or_any_step(tmp_path):
+    """A prioritized replay's new priorities (the loss's per-window mean |TD error|) with a NaN among finite losses: the
+    update raises one TrainingError naming ``priority`` before the optimiser step and before the sum tree takes it
+    (a NaN there would skew every later draw: the tree's sums, the draw's search)."""
+    from acer_torchrl.config import load_config
+    from acer_torchrl.objectives.names import PRIORITY_KEY
+    from acer_torchrl.trainer import Trainer, TrainingError
+
+    trainer = Trainer(load_config("reactor", ["preset=cartpole", "replay.prioritized=true", "collector.workers=0",
+                                              "replay.min_size=300", f"run_dir={tmp_path}/run", "log.progress=false",
+                                              "eval.background=false"]))
+    trainer.fill_replay(400)
+    batch = trainer.draw_batch(0.0)
+    forward_backward = trainer.loss.forward_backward
+
+    def nan_priority(td, params):
+        out = forward_backward(td, params)
+        out.get(PRIORITY_KEY)[0] = float("nan")
+        return out
+
+    trainer.loss.forward_backward = nan_priority
+    before = [p.detach().clone() for p in trainer.params]
+    tree = trainer.replay.priorities.priority.clone()
+    with pytest.raises(TrainingError, match=r"non-finite loss at update 0 \(priority\); lower optim.lr"):
+        trainer.update(batch)
+    assert all(torch.equal(p, b) for p, b in zip(trainer.params, before))
+    assert torch.equal(trainer.replay.priorities.priority, tree)
+
+
 @pytest.mark.parametrize("max_norm", [0.5, math.inf])
 def test_gradients_clipped_at_max_grad_norm_and_the_norm_before_clipping_returned(tmp_path, probe_registered, max_norm):
     from acer_torchrl.config import load_config
