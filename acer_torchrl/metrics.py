@@ -102,9 +102,10 @@ def make_loggers(run_dir: Path, tensorboard: bool = False, wandb: bool = False,
     uploads it), its id fixed by the run directory so that a resumed run continues the same W&B run. The
     config checks that their packages are installed (``LogConfig.validate``).
 
-    ``resumed_at``: the env steps of the checkpoint a resumed run continues. TensorBoard then hides the points the
-    killed run logged after it, as ``metrics.csv`` drops their rows (:meth:`MetricsLog.load_existing`): the
-    resumed run logs those steps again. W&B keeps them (an offline run cannot rewind its history)."""
+    ``resumed_at``: the env steps after which a resumed run logs every row again (its checkpoint's, or before the
+    first evaluation the checkpoint kept unfinished). TensorBoard then hides the points the killed run logged
+    after them, as ``metrics.csv`` drops their rows (:meth:`MetricsLog.load_existing`): the resumed run logs those
+    steps again. W&B keeps them (an offline run cannot rewind its history)."""
     loggers = []
     if tensorboard:
         loggers.append(tensorboard_logger(run_dir, purge_step=None if resumed_at is None else resumed_at + 1))

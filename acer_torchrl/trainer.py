@@ -124,9 +124,10 @@ class Trainer:
             self._run_lock.close()
             raise
         drop_old_run(self.run_dir)
-        if self.counters.env_steps < cfg.total_frames:  # (a finished run resumed trains nothing: no file written)
+        # (a finished run resumed trains nothing and writes no file, unless it plays evaluations its checkpoint kept)
+        if self.counters.env_steps < cfg.total_frames or self._asked_again:
             self.log.loggers = make_loggers(self.run_dir, cfg.log.tensorboard, cfg.log.wandb,
-                                            resumed_at=self._saved_steps)
+                                            resumed_at=self._rows_again_from())
             # the code, packages and machine it trains on (from weights: those of the run they were cut from first)
             record_segment(self.run_dir, self.counters.env_steps, self._inherited)
             # a finished run resumed to train further is not finished any more: its summary comes at its new end
@@ -219,8 +220,8 @@ class Trainer:
         """The rows waiting for their evaluation, each with the weights the evaluation was asked on (call after
         :meth:`log_evaluations` of the evaluator's finished ones: every row left waits for an unfinished one)."""
         weights = {tag: w for tag, _, w in self.evaluator.unfinished()} if self.evaluator is not None else {}
-        return [{"env_steps": steps, "updates": updates, "wall_time_s": wall, "metrics": metrics,
-                 "weights": weights[steps]} for steps, updates, wall, metrics, _ in self._awaiting]
+        return [{"env_steps": steps, "updates": updates, "wall_time_s": wall, "metrics": metrics, "settings": settings,
+                 "weights": weights[steps]} for steps, updates, wall, metrics, settings in self._awaiting]
 
     def _resume(self) -> None:
         state, counters = load_checkpoint(self.run_dir, self.replay, check=self._refuse_edited_settings)
@@ -245,6 +246,15 @@ class Trainer:
         self.warn_of_repairs([self.log.load_existing(self.counters.env_steps, again), self.summary_damage()])
         self.sync_acting_policy()
         self.apply_resumed_settings()
+
+    def _rows_again_from(self) -> int | None:
+        """The env steps after which a resumed run logs every row again (None: a new run): its checkpoint's, or
+        just before the first evaluation the checkpoint kept unfinished (results come back in the order asked, so
+        every row the killed run logged from there on is one that :meth:`start` asks for again or one past the
+        checkpoint)."""
+        if self._saved_steps is None:
+            return None
+        return min([self._saved_steps, *(e["env_steps"] - 1 for e in self._asked_again)])
 
     def _refuse_edited_settings(self, state: dict) -> None:
         """The one-line refusal of a resume whose ``config.yaml`` holds other run-defining settings than its checkpoint
@@ -658,10 +668,16 @@ class Trainer:
         trainers this way, a batch each in turn."""
         remaining = self.cfg.total_frames - self.counters.env_steps
         self.evaluator = self.make_evaluator()
+        now = self.evaluation_settings()
         for e in self._asked_again:  # the checkpoint's unfinished evaluations, on their weights and seeds
             steps = e["env_steps"]  # their rows say what they are played with now (eval.* may change on resume)
-            self._awaiting.append((steps, e["updates"], e["wall_time_s"], e["metrics"], self.evaluation_settings()))
+            self._awaiting.append((steps, e["updates"], e["wall_time_s"], e["metrics"], now))
             self.evaluator.submit(steps, evaluation_seed(self.cfg.seed, steps), weights=e["weights"])
+        changed = [str(e["env_steps"]) for e in self._asked_again if e.get("settings", now) != now]
+        if changed:  # which rows play the new settings hangs on how far behind the evaluations were: said once
+            print(f"note: the evaluations asked at {', '.join(changed)} env steps with other eval settings were still "
+                  f"being played at the checkpoint; they are played again with this resume's "
+                  f"{', '.join(f'{k}={v}' for k, v in now.items())}, as their rows record", file=sys.stderr)
         self._asked_again = []
         self._collector = self.make_collector(remaining) if remaining > 0 else None
         self._start_clock()

@@ -109,7 +109,7 @@ def test_a_checkpoint_keeps_the_evaluations_in_play_and_the_resumed_run_plays_th
     made = Trainer.make_evaluator
     monkeypatch.setattr(Trainer, "make_evaluator", lambda self: HeldEvaluator(made(self)))
     data = collected("acer", TINY, tmp_path / "source", 10)
-    through = Trainer(load_config("acer", [*TINY, f"run_dir={tmp_path / 'through'}"]))
+    through = Trainer(load_config("acer", [*TINY, f"run_dir={tmp_path / 'through'}", "log.tensorboard=true"]))
     through.start()
     for batch in data[:7]:
         through.step(batch.clone())
@@ -133,3 +133,73 @@ def test_a_checkpoint_keeps_the_evaluations_in_play_and_the_resumed_run_plays_th
         trainer.close()
     assert [r["env_steps"] for r in rows["resumed"]] == [64, 128, 192, 256, 320]
     assert rows["resumed"] == rows["through"]
+    # and TensorBoard, which holds the killed run's points of those rows too, shows each once
+    assert tensorboard_steps(tmp_path / "resumed", "eval_return_mean") == [64, 128, 192, 256, 320]
+
+
+def tensorboard_steps(run_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [e.step for e in events.Scalars(tag)]
+
+
+def test_a_finished_run_resumed_plays_the_evaluations_its_checkpoint_kept_and_records_them(tmp_path, monkeypatch):
+    """A run whose last checkpoint came at its end with evaluations still in play (a stop during the final drain,
+    an evaluation process given up): the resumed run trains nothing but plays them, so it logs their rows (to
+    TensorBoard too, each once), records the segment that played them in provenance.jsonl and writes the summary."""
+    made = Trainer.make_evaluator
+    monkeypatch.setattr(Trainer, "make_evaluator", lambda self: HeldEvaluator(made(self)))
+    args = [*TINY, "total_frames=224", "log.tensorboard=true"]
+    data = collected("acer", args, tmp_path / "source", 7)
+    killed = Trainer(load_config("acer", [*args, f"run_dir={tmp_path / 'run'}"]))
+    killed.start()
+    killed.wait_for_evaluations = lambda: None  # a stop came during the final drain: the checkpoint keeps them
+    assert [killed.step(batch.clone()) for batch in data][-1]  # the run's end
+    killed.checkpoint()
+    kept = [row[0] for row in killed._awaiting]
+    assert kept[:3] == [64, 128, 160] and kept[-1] == 224 and killed.log.rows == []
+    del killed.wait_for_evaluations
+    killed.wait_for_evaluations()  # logged after the checkpoint (to TensorBoard too), then killed
+    killed.replay._open.clear()
+    shutil.copytree(tmp_path / "run", tmp_path / "resumed", symlinks=True)
+    resumed = Trainer(load_config(None, [f"resume={tmp_path / 'resumed'}"]))
+    assert list(resumed.start()) == []
+    resumed.finish()
+    resumed.close()
+    assert [r["env_steps"] for r in resumed.log.rows] == kept
+    assert tensorboard_steps(tmp_path / "resumed", "eval_return_mean") == kept
+    assert len((tmp_path / "resumed" / "provenance.jsonl").read_text().splitlines()) == 2
+    assert (tmp_path / "resumed" / "summary.json").is_file()
+
+
+def test_evaluations_replayed_with_other_eval_settings_after_a_resume_are_named_in_a_note(tmp_path, monkeypatch, capsys):
+    """A resume that changes eval.* while its checkpoint kept evaluations asked before: they are played with the new
+    settings (their rows record them), and which rows that touches hangs on how far behind the evaluation process
+    was, so a note names them; a resume that keeps the settings says nothing."""
+    made = Trainer.make_evaluator
+    monkeypatch.setattr(Trainer, "make_evaluator", lambda self: HeldEvaluator(made(self)))
+    data = collected("acer", TINY, tmp_path / "source", 4)
+    killed = Trainer(load_config("acer", [*TINY, f"run_dir={tmp_path / 'run'}"]))
+    killed.start()
+    for batch in data:
+        killed.step(batch.clone())
+    killed.checkpoint()
+    killed.replay._open.clear()
+    for name, change in (("same", []), ("other", ["eval.max_steps=10"])):
+        shutil.copytree(tmp_path / "run", tmp_path / name, symlinks=True)
+        capsys.readouterr()
+        resumed = Trainer(load_config(None, [f"resume={tmp_path / name}", *change]))
+        resumed.start()
+        resumed.wait_for_evaluations()
+        err = capsys.readouterr().err
+        note = [line for line in err.splitlines() if "with other eval settings" in line]
+        assert note == ([] if name == "same" else [
+            "note: the evaluations asked at 64, 128 env steps with other eval settings were still being played at the "
+            "checkpoint; they are played again with this resume's eval_episodes=1, eval_max_steps=10, as their rows "
+            "record"]), err
+        assert [r["eval_max_steps"] for r in resumed.log.rows] == [20 if name == "same" else 10] * 2
+        resumed.stop_collecting()
+        resumed.close()
+    killed.close()
