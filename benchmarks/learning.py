@@ -303,8 +303,8 @@ def restore_partial(folder: Path, bench_dir: Path, ran: dict) -> list[int]:
     if recorded != ran:
         raise SystemExit(f"error: {folder} holds seeds of {recorded}, not of this benchmark's {ran}")
     restored = []
-    for summary in sorted(folder.glob("seed*-summary.json")):
-        seed = int(summary.name.removeprefix("seed").removesuffix("-summary.json"))
+    for seed in recorded_seeds(folder):
+        summary = folder / f"seed{seed}-summary.json"
         run_dir = bench_dir / f"seed{seed}"
         if (run_dir / "summary.json").exists():
             continue
@@ -319,6 +319,12 @@ def restore_partial(folder: Path, bench_dir: Path, ran: dict) -> list[int]:
         restored.append(seed)
     merge_ledgers(folder, bench_dir)
     return restored
+
+
+def recorded_seeds(folder: Path) -> list[int]:
+    """The seeds whose finished runs the record ``folder`` (:func:`record_partial`) holds, ascending."""
+    names = (p.name for p in folder.glob("seed*-summary.json"))
+    return sorted(int(name.removeprefix("seed").removesuffix("-summary.json")) for name in names)
 
 
 def merge_ledgers(folder: Path, bench_dir: Path) -> None:
@@ -627,8 +633,12 @@ def benchmark(argv: list[str]) -> None:
     put_markdown_row(row, args.results / "learning.md")
     if "figure" in records.get(name, {}):  # --replace of a row a shared figure drew: drawn again without its old curves
         redraw_shared_figure(args.results, records[name]["figure"])
-    if partial.is_dir():  # its seeds are in the row now
-        shutil.rmtree(partial)
+    if partial.is_dir():
+        others = sorted(set(recorded_seeds(partial)) - set(row["seeds_finished"]))
+        if others:  # (a resume with other --seeds / --first-seed): their only record outside runs/
+            print(f"note: {partial} kept: it holds seeds {others}, which this row does not", file=sys.stderr)
+        else:  # its seeds are in the row now
+            shutil.rmtree(partial)
     print(json.dumps({k: v for k, v in row.items() if k != "curves"}, indent=2))
     if failed:
         sys.exit(f"error: {len(failed)} of {args.seeds} seeds failed ({'; '.join(failed)}); the row holds the others")
@@ -707,8 +717,11 @@ def markdown_row(row: dict, line: int) -> str:
                                                   ("diverged_seeds", "diverged")) for seed in row.get(key, [])}
     per_seed = ", ".join(f"{v}{marks.get(seed, '')}" for seed, v in zip(seeds, scores))
     code = f", code {row['code']}" if "code" in row else ""
-    if any(part not in row.get("code", "").split(", ") for part in filter(None, row.get("seed_code", "").split(", "))):
-        code += f" (seeds trained on {row['seed_code']})"  # not only on the code the benchmark ran
+    seed_code = set(filter(None, row.get("seed_code", "").split(", ")))
+    if seed_code and seed_code != set(row.get("code", "").split(", ")):
+        # the code the seeds trained on, where the benchmark's invocations ran other code too (a row ported by a
+        # checkout that trained nothing, a seed resumed by hand elsewhere)
+        code += f" (seeds trained on {row['seed_code']})"
     return (
         f"| [{row['name']}]({row.get('figure', row['name'] + '.png')}) ([record]({ROWS}#L{line})){thr} | "
         f"{row['final_score_iqm']} [{low}, {high}]{FEW_SEEDS.get(len(scores), '')}{evaluation_notes(row)}{failed} | "

@@ -155,11 +155,9 @@ def test_a_resumed_benchmark_starts_anew_a_seed_stopped_before_its_first_checkpo
     assert learning.recipe_args("cartpole", 1, 192, seed_dir, extra) == [f"resume={seed_dir}", "log.progress=false"]
 
 
-def test_a_stopped_benchmarks_finished_seeds_outlive_its_directory(learning, tmp_path):
-    """A row's seeds can outlast a session, and the next session's machine may be a fresh one: the seeds finished
-    before a stop are recorded in ``results/<name>-partial/``; with the benchmark's directory gone,
-    ``--restore-partial`` reads them from there (no run) and runs only the others; the row replaces the record."""
-    runs, results = tmp_path / "runs", tmp_path / "results"
+def recorded_seed0(learning, runs, results):
+    """``results/acer-cartpole-partial/``, the record of a stopped benchmark's finished seed 0 (192 env steps, final
+    score 8.0), written from its run in ``runs``; the record's folder, the seed's summary and what it ran."""
     seed_dir = runs / "acer-cartpole-20261128-000000" / "seed0"
     seed_dir.mkdir(parents=True)
     (seed_dir / "summary.json").write_text(json.dumps(
@@ -170,6 +168,15 @@ def test_a_stopped_benchmarks_finished_seeds_outlive_its_directory(learning, tmp
     partial = learning.partial_dir(results, "acer-cartpole")
     ran = learning.what_ran("acer", "cartpole", 192, [])
     learning.record_partial(partial, seed_dir.parent, [finished], "python benchmarks/learning.py acer cartpole", ran)
+    return partial, finished, ran
+
+
+def test_a_stopped_benchmarks_finished_seeds_outlive_its_directory(learning, tmp_path):
+    """A row's seeds can outlast a session, and the next session's machine may be a fresh one: the seeds finished
+    before a stop are recorded in ``results/<name>-partial/``; with the benchmark's directory gone,
+    ``--restore-partial`` reads them from there (no run) and runs only the others; the row replaces the record."""
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    partial, finished, ran = recorded_seed0(learning, runs, results)
     assert sorted(p.name for p in partial.iterdir()) == ["README.md", "benchmark.json", "curves.png",
                                                           "seed0-metrics.csv", "seed0-summary.json"]
     assert "seed 0 8.0" in (partial / "README.md").read_text()
@@ -197,6 +204,24 @@ def test_a_stopped_benchmarks_finished_seeds_outlive_its_directory(learning, tmp
     gone = subprocess.run([*bench, "--name", "other", "--restore-partial"], cwd=tmp_path, env=ENV,
                           capture_output=True, text=True, timeout=120)
     assert gone.returncode == 2 and "--restore-partial: no record" in gone.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.integration
+def test_a_partial_record_of_seeds_the_row_does_not_hold_is_kept(learning, tmp_path):
+    """A benchmark resumed with other seeds (``--first-seed``) than those its partial record holds: the row holds the
+    seeds it ran, and the record, their only copy outside ``runs/``, stays (a note says so)."""
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    partial, _, _ = recorded_seed0(learning, runs, results)
+    shutil.rmtree(runs)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learning.py"), "acer", "cartpole", "--seeds",
+                           "1", "--first-seed", "1", "--frames", "192", "--parallel", "1", "--results", str(results),
+                           "--runs", str(runs), "--restore-partial"], cwd=tmp_path, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = (results / "learning-rows.jsonl").read_text().splitlines()
+    assert json.loads(line)["seeds_finished"] == [1]
+    assert (partial / "seed0-summary.json").is_file()
+    assert f"note: {partial} kept: it holds seeds [0], which this row does not" in proc.stderr
 
 
 @pytest.mark.integration
@@ -326,9 +351,12 @@ def test_a_row_names_the_code_its_seeds_trained_on_where_the_benchmark_ran_other
            "final_score_iqm": 1.5, "final_score_per_seed": [1.0, 2.0], "steps_to_threshold": [],
            "final_score_at_threshold": "n/a", "wall_time_s_per_seed": 1.0, "env_steps_per_s": 1.0, "machine": "m",
            "date": "d", "command": "c", "code": "bbb, ccc", "seed_code": "bbb"}
-    assert ", code bbb, ccc |" in learning.markdown_row(row, 1)
+    # a row ported (or resumed) by a checkout whose code trained no seed: named, but not as the seeds' code
+    assert ", code bbb, ccc (seeds trained on bbb) |" in learning.markdown_row(row, 1)
     row["seed_code"] = "aaa, bbb"  # a seed resumed by hand on other code
     assert ", code bbb, ccc (seeds trained on aaa, bbb) |" in learning.markdown_row(row, 1)
+    row["seed_code"] = "bbb, ccc"
+    assert ", code bbb, ccc |" in learning.markdown_row(row, 1)
 
 
 def test_a_seed_whose_final_score_is_not_a_number_is_a_failed_seed(learning, tmp_path):
