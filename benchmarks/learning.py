@@ -19,7 +19,8 @@ starts no further seed; ``--resume`` then goes on from there. The seeds it had f
 directory is gone, ``--restore-partial`` reads them from there and runs only the others. The row replaces that record.
 Its ``total_wall_s`` is the benchmark's wall time over all its invocations (``invocations``; both null where an
 earlier invocation left no record of its time: :func:`open_wall`); its ``code``, ``machine`` and ``date`` name each
-invocation's (:func:`note_invocation`). A seed directory an earlier invocation left is read or resumed only when it
+invocation's (:func:`note_invocation`), ``packages`` their Python and package versions, and ``seed_segments`` which
+code trained each seed from which env step, on which machine (its run's ``provenance.jsonl``). A seed directory an earlier invocation left is read or resumed only when it
 ran this very seed (:func:`not_this_seed`); keys the benchmark sets (``seed=``, ``total_frames=``, ...) are refused
 as settings. A failed seed is named in the row and exits 1; with none finished no row is written.
 """
@@ -47,7 +48,7 @@ import numpy as np
 
 from acer_torchrl.commands import shell_command
 from acer_torchrl.metrics import FINAL_WINDOW, final_score, finish_plot, new_plot
-from acer_torchrl.provenance import summarize, this_process
+from acer_torchrl.provenance import FILE as SEGMENTS, contributing, segments, summarize, this_process
 from acer_torchrl.rundir import holds_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,6 +108,9 @@ def run_seed(algo: str, preset: str, seed: int, frames: int, run_dir: Path, extr
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["curve"] = read_curve(run_dir)
     summary["seed"] = seed
+    # which code trained it from which env step, on which machine (its provenance.jsonl; None: a segment unrecorded)
+    summary["segments"] = [None if r is None else {k: r.get(k) for k in ("from_env_steps", "code", "machine", "date")}
+                           for r in contributing(segments(run_dir))]
     summary["final_score"] = final_score(summary["curve"], summary["env_steps"]).mean
     if not math.isfinite(summary["final_score"]):  # a NaN return (a NaN reward): no score to put in a row
         return {"seed": seed, "failed": f"final score {summary['final_score']} (an evaluation returned it, see "
@@ -225,7 +229,7 @@ def record_partial(folder: Path, bench_dir: Path, finished: list[dict], command:
     plot(finished, folder / "curves.png", f"{folder.name} ({len(finished)} seeds)", threshold)
     for result in finished:
         seed = result["seed"]
-        for stem in ("summary.json", "metrics.csv", "config.yaml"):
+        for stem in ("summary.json", "metrics.csv", "config.yaml", SEGMENTS):
             if (bench_dir / f"seed{seed}" / stem).exists():
                 shutil.copyfile(bench_dir / f"seed{seed}" / stem, folder / f"seed{seed}-{stem}")
     scores = ", ".join(f"seed {r['seed']} {r['final_score']:.1f}" for r in sorted(finished, key=lambda r: r["seed"]))
@@ -313,8 +317,9 @@ def restore_partial(folder: Path, bench_dir: Path, ran: dict) -> list[int]:
                              "drop one of them")
         run_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(folder / f"seed{seed}-metrics.csv", run_dir / "metrics.csv")
-        if (folder / f"seed{seed}-config.yaml").exists():  # (a record of before 2026-11-29 has none)
-            shutil.copyfile(folder / f"seed{seed}-config.yaml", run_dir / "config.yaml")
+        for stem in ("config.yaml", SEGMENTS):  # (records of before 2026-11-29 / -30 have none)
+            if (folder / f"seed{seed}-{stem}").exists():
+                shutil.copyfile(folder / f"seed{seed}-{stem}", run_dir / stem)
         shutil.copyfile(summary, run_dir / "summary.json")
         restored.append(seed)
     merge_ledgers(folder, bench_dir)
@@ -628,6 +633,8 @@ def benchmark(argv: list[str]) -> None:
         **summarize(invocations, "invocations"),
         # the code each seed's run trained on (its summary.json's segments): a seed resumed by hand elsewhere too
         "seed_code": ", ".join(dict.fromkeys(part for r in ok for part in str(r.get("code") or "").split(", ") if part)),
+        "seed_segments": {str(r["seed"]): r.get("segments") for r in ok},  # per seed: which code from which step
+        "packages": distinct_packages(invocations),
     }
     write_row(args.results / ROWS, row)
     put_markdown_row(row, args.results / "learning.md")
@@ -642,6 +649,12 @@ def benchmark(argv: list[str]) -> None:
     print(json.dumps({k: v for k, v in row.items() if k != "curves"}, indent=2))
     if failed:
         sys.exit(f"error: {len(failed)} of {args.seeds} seeds failed ({'; '.join(failed)}); the row holds the others")
+
+
+def distinct_packages(invocations: list[dict | None]) -> list[dict[str, str]]:
+    """The Python and package versions the invocations (:func:`note_invocation`) ran with, each distinct set once."""
+    sets = [{"python": r.get("python"), **r.get("packages", {})} for r in invocations if r is not None]
+    return [dict(items) for items in dict.fromkeys(tuple(s.items()) for s in sets)]
 
 
 def exact(x: float) -> str:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from acer_torchrl.provenance import code_version, machine
 
@@ -117,6 +118,10 @@ def test_a_run_writes_its_line_a_second_is_refused_and_a_resumed_one_replaces_it
     record = json.loads(lines[0])
     assert len(lines) == 1 and record["name"] == "acer-cartpole" and list(record["curves"]) == ["0"]
     assert len(record["final_score_per_seed"]) == 1 and (results / "acer-cartpole.png").is_file()
+    # which code trained the seed from which step, and the packages: a row outlives the gitignored runs/
+    (segment,) = record["seed_segments"]["0"]
+    assert segment == {"from_env_steps": 0, "code": code_version(), "machine": machine(), "date": record["date"]}
+    assert [p["torch"] for p in record["packages"]] == [torch.__version__] and record["packages"][0]["python"]
 
     again = subprocess.run(bench, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr
@@ -155,6 +160,9 @@ def test_a_resumed_benchmark_starts_anew_a_seed_stopped_before_its_first_checkpo
     assert learning.recipe_args("cartpole", 1, 192, seed_dir, extra) == [f"resume={seed_dir}", "log.progress=false"]
 
 
+SEGMENT = {"from_env_steps": 0, "code": "abc1234", "machine": "elsewhere", "date": "2026-11-28"}  # seed 0's
+
+
 def recorded_seed0(learning, runs, results):
     """``results/acer-cartpole-partial/``, the record of a stopped benchmark's finished seed 0 (192 env steps, final
     score 8.0), written from its run in ``runs``; the record's folder, the seed's summary and what it ran."""
@@ -163,6 +171,7 @@ def recorded_seed0(learning, runs, results):
     (seed_dir / "summary.json").write_text(json.dumps(
         {"env_steps": 192, "wall_time_s": 2.0, "env_steps_per_s": 96.0, "eval_return_mean": 8.0}))
     (seed_dir / "metrics.csv").write_text("env_steps,eval_return_mean\n96,5.0\n176,7.0\n184,8.0\n192,9.0\n")
+    (seed_dir / "provenance.jsonl").write_text(json.dumps(SEGMENT) + "\n")
     finished = learning.run_seed("acer", "cartpole", 0, 192, seed_dir, [])
     assert finished["final_score"] == 8.0, finished
     partial = learning.partial_dir(results, "acer-cartpole")
@@ -178,7 +187,8 @@ def test_a_stopped_benchmarks_finished_seeds_outlive_its_directory(learning, tmp
     runs, results = tmp_path / "runs", tmp_path / "results"
     partial, finished, ran = recorded_seed0(learning, runs, results)
     assert sorted(p.name for p in partial.iterdir()) == ["README.md", "benchmark.json", "curves.png",
-                                                          "seed0-metrics.csv", "seed0-summary.json"]
+                                                          "seed0-metrics.csv", "seed0-provenance.jsonl",
+                                                          "seed0-summary.json"]
     assert "seed 0 8.0" in (partial / "README.md").read_text()
 
     clash = tmp_path / "elsewhere" / "seed0"
@@ -198,6 +208,7 @@ def test_a_stopped_benchmarks_finished_seeds_outlive_its_directory(learning, tmp
     (line,) = (results / "learning-rows.jsonl").read_text().splitlines()
     record = json.loads(line)
     assert record["final_score_per_seed"] == [8.0] and record["curves"]["0"] == [list(p) for p in finished["curve"]]
+    assert record["seed_segments"] == {"0": [SEGMENT]}, "the restored seed's code, from the record"
     assert record["total_wall_s"] is None and record["invocations"] is None, "the recorded seed's time is unknown"
     assert not list(runs.glob("*/seed0.log")), "the recorded seed was read, not run"
     assert not partial.exists(), "the row replaces the partial record"
