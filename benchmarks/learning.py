@@ -20,9 +20,9 @@ directory is gone, ``--restore-partial`` reads them from there and runs only the
 Its ``total_wall_s`` is the benchmark's wall time over all its invocations (``invocations``; both null where an
 earlier invocation left no record of its time: :func:`open_wall`); its ``code``, ``machine`` and ``date`` name each
 invocation's (:func:`note_invocation`), ``packages`` their Python and package versions, and ``seed_segments`` which
-code trained each seed from which env step, on which machine (its run's ``provenance.jsonl``). A seed directory an earlier invocation left is read or resumed only when it
-ran this very seed (:func:`not_this_seed`); keys the benchmark sets (``seed=``, ``total_frames=``, ...) are refused
-as settings. A failed seed is named in the row and exits 1; with none finished no row is written.
+code trained each seed from which env step, on which machine (its run's ``provenance.jsonl``). A seed directory an
+earlier invocation left is read or resumed only when it ran this very seed (:func:`not_this_seed`); keys the benchmark
+sets (``seed=``, ``total_frames=``, ...) are refused as settings. A failed seed is named in the row and exits 1; with none finished no row is written.
 """
 
 from __future__ import annotations
